@@ -1,0 +1,106 @@
+"""Targets, device facts and the one cluster-count function.
+
+A *cluster* is AITER's term: one persistent work list (one entry of ``work_indptr``), not a
+Hopper thread-block cluster. :func:`num_clusters` is the single place that decides how many
+there are; buffer sizing (``get_mla_metadata_info_v1``), the metadata kernel and the decode
+launch all call it, so the three can never disagree (AITER PR #3072 had to keep three copies
+in step by hand).
+"""
+from __future__ import annotations
+
+import functools
+
+from . import env
+
+#: Every arch a template may be rendered for. Only sm_90a is built, run and measured here.
+ARCHS = ("sm_90a", "gfx942", "gfx950")
+NVIDIA_ARCHS = ("sm_90a",)
+AMD_ARCHS = ("gfx942", "gfx950")
+
+#: DeepSeek MLA dimensions (fixed): 512 latent + 64 RoPE = 576 QK dims; V = first 512 dims.
+KV_LORA_RANK = 512
+QK_ROPE_DIM = 64
+QK_HEAD_DIM = 576
+V_HEAD_DIM = 512
+
+
+def is_experimental_enabled() -> bool:
+    """``AITER_ENABLE_EXPERIMENTAL`` parsed as an int, non-zero = on (AITER's rule since #3072).
+
+    "0", "", unset and non-numeric values are off.
+    """
+    return env.get_flag("AITER_ENABLE_EXPERIMENTAL")
+
+
+def tile_rows(num_heads: int, max_seqlen_q: int) -> int:
+    """Query rows one decode tile covers: 128 (m16x8) or 64 (m16x4).
+
+    (16,1), (32,1) and (16,2) have fewer than 64 rows and run on the 64-row tile with padding.
+    """
+    rows = num_heads * max_seqlen_q
+    return 128 if rows > 64 else 64
+
+
+def occupancy(num_heads: int, max_seqlen_q: int) -> int:
+    """Work lists per multiprocessor: 2 for the m16x4 tile (heads x qlen == 64) when
+    ``AITER_ENABLE_EXPERIMENTAL`` is non-zero, else 1 (AITER #3072 / #3391
+    ``get_mla_decode_fwd_occupancy``)."""
+    if num_heads * max_seqlen_q == 64 and is_experimental_enabled():
+        return 2
+    return 1
+
+
+@functools.lru_cache(maxsize=None)
+def _device_multiprocessors(device_index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_cu(device=None) -> int:
+    """Multiprocessor count of ``device`` (132 on an H200); ``CU_NUM`` overrides it.
+
+    Raises RuntimeError when no GPU is visible and ``CU_NUM`` is unset.
+    """
+    override = env.get_int("CU_NUM", 0)
+    if override > 0:
+        return override
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "no CUDA device is visible and CU_NUM is unset: set CU_NUM to the multiprocessor "
+            "count to plan for (132 on an H200)"
+        )
+    if device is None:
+        index = torch.cuda.current_device()
+    else:
+        index = torch.device(device).index
+        if index is None:
+            index = torch.cuda.current_device()
+    return _device_multiprocessors(index)
+
+
+def num_clusters(num_heads: int, max_seqlen_q: int, num_heads_k: int = 1, device=None) -> int:
+    """Number of persistent work lists: ``num_CU x occupancy / num_heads_k``.
+
+    Source: AITER ``get_mla_metadata_v1_2_device`` (#3072). Raises ValueError for
+    ``num_heads_k < 1``.
+    """
+    if num_heads_k < 1:
+        raise ValueError(f"num_heads_k must be >= 1, got {num_heads_k}")
+    return max(1, num_cu(device) * occupancy(num_heads, max_seqlen_q) // num_heads_k)
+
+
+def current_arch() -> str:
+    """The arch of the current GPU as a template value (``sm_90a``), or raise RuntimeError."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device is visible; pass arch= explicitly (e.g. 'sm_90a')")
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) == (9, 0):
+        return "sm_90a"
+    raise RuntimeError(
+        f"GPU compute capability {major}.{minor} is not a supported target; supported: sm_90a"
+    )

@@ -1,0 +1,1 @@
+"""``aiter-mla bench``: the main job (see commands.py)."""

@@ -1,0 +1,45 @@
+"""``aiter-mla`` command line. Each concern registers its own sub-commands:
+
+- ``info``, ``jit ...``, ``deps ...``  -> :mod:`aiter_mla.jit.commands`
+- ``metadata``                        -> :mod:`aiter_mla.ops.metadata_dump`
+- ``bench``                           -> :mod:`aiter_mla.bench.commands`
+
+Every command returns a non-zero exit status on any failure.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aiter-mla", description="JIT-compiled MLA decode kernels: build, inspect, benchmark"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    from .jit import commands as jit_commands
+    from .ops import metadata_dump
+    from .bench import commands as bench_commands
+
+    jit_commands.register(sub)
+    metadata_dump.register(sub)
+    bench_commands.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # every failure exits non-zero with a one-line reason
+        print(f"aiter-mla {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The one registry of environment variables this package reads.
+
+Every read goes through :func:`get`, :func:`get_int` or :func:`get_flag`; each variable is
+declared once below as key-changing (its value enters the JIT cache key, because it changes
+what a build produces) or neutral (it changes where or whether we build, not what).
+``op_tests/test_env_registry.py`` scans the source tree and fails on any ``os.environ`` /
+``os.getenv`` read outside this module, and on a read of an undeclared name.
+
+Source of the conventions: Triton's CACHE_INVALIDATING_ENV_VARS / CACHE_NEUTRAL_ENV_VARS
+split, and AITER's variable names where AITER has one (``AITER_REBUILD``,
+``AITER_ENABLE_EXPERIMENTAL``, ``CU_NUM``, ``HIP_KITTENS_DIR``).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    key_changing: bool
+    default: str | None
+    doc: str
+
+
+_REGISTRY: dict[str, EnvVar] = {}
+
+
+def _declare(name: str, key_changing: bool, default: str | None, doc: str) -> None:
+    _REGISTRY[name] = EnvVar(name, key_changing, default, doc)
+
+
+# --- where and whether we build (neutral: the artifact is the same) ---
+_declare("AITER_MLA_CACHE_DIR", False, None, "JIT cache root (default ~/.cache/aiter_mla)")
+_declare("AITER_MLA_DISABLE_JIT", False, "0", "1: load only what is already built; never compile")
+_declare("AITER_REBUILD", False, "0", "AITER's knob: >=1 rebuilds each module once per process")
+_declare("AITER_MLA_LOCK_TIMEOUT", False, "900", "seconds to wait for another process's build")
+_declare("AITER_MLA_NVCC", False, None, "path of nvcc (else CUDA_HOME/bin/nvcc, else PATH)")
+_declare("CUDA_HOME", False, None, "CUDA toolkit root, searched for nvcc")
+_declare("CUDA_PATH", False, None, "CUDA toolkit root (Windows-style name), searched for nvcc")
+_declare("ROCM_PATH", False, None, "ROCm root, searched for hipcc")
+_declare("AITER_MLA_CLANG", False, None, "clang used for the gfx942 compile-only check")
+_declare("HIP_KITTENS_DIR", False, None, "existing HipKittens checkout (verified against the pin)")
+_declare("AITER_MLA_VERBOSE", False, "0", "1: log every build command")
+_declare("MAX_JOBS", False, None, "parallel builds for 'aiter-mla jit build -j'")
+_declare("HOME", False, None, "home folder, for the default cache root")
+_declare("XDG_CACHE_HOME", False, None, "base of the default cache root when set")
+# --- what we schedule and launch (runtime policy, not codegen) ---
+_declare("AITER_ENABLE_EXPERIMENTAL", False, "0",
+         "AITER's knob, parsed as an int: non-zero doubles the m16x4 cluster count")
+_declare("CU_NUM", False, None, "AITER's override of the multiprocessor count")
+# --- what changes the artifact (key-changing) ---
+_declare("AITER_MLA_EXTRA_NVCC_FLAGS", True, "", "extra nvcc flags appended to every build")
+_declare("AITER_MLA_EXTRA_HIP_FLAGS", True, "", "extra hipcc/clang flags appended to every build")
+_declare("AITER_MLA_LINEINFO", True, "0", "1: build with -lineinfo (profilers)")
+
+
+def registry() -> dict[str, EnvVar]:
+    """All declared variables by name (a copy)."""
+    return dict(_REGISTRY)
+
+
+def _lookup(name: str) -> EnvVar:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(
+            f"environment variable {name!r} is read but not declared in aiter_mla/env.py; "
+            "declare it as key-changing or neutral"
+        ) from None
+
+
+def get(name: str) -> str | None:
+    """The variable's value, or its declared default when unset or empty.
+
+    Raises KeyError if ``name`` is not declared in the registry.
+    """
+    var = _lookup(name)
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return var.default
+    return value
+
+
+def get_int(name: str, default: int = 0) -> int:
+    """The variable parsed as an int; a non-numeric value counts as ``default``.
+
+    This is AITER's rule for ``AITER_ENABLE_EXPERIMENTAL`` (``atoi``-style: "0" is off,
+    "abc" is off).
+    """
+    value = get(name)
+    if value is None:
+        return default
+    try:
+        return int(value.strip())
+    except ValueError:
+        return default
+
+
+def get_flag(name: str) -> bool:
+    """True when the variable parses as a non-zero int."""
+    return get_int(name, 0) != 0
+
+
+def key_items() -> dict[str, str]:
+    """The key-changing variables, normalised (unset == default), for the JIT cache key."""
+    return {n: (get(n) or "") for n, v in sorted(_REGISTRY.items()) if v.key_changing}

@@ -1,0 +1,1 @@
+"""Python ops: metadata (work schedule), decode, reduce."""
