@@ -6,3 +6,32 @@ Public ops (AITER's names and argument orders):
 ``hk_mla_decode_fwd``, ``mla_reduce_v1``; the float64 reference is :mod:`aiter_mla.reference`.
 """
 __version__ = "0.1.0"
+
+# Lazy attributes: `import aiter_mla` stays cheap (no torch import) so CLI commands and a
+# warm JIT load in a new process pay only for what they use.
+_LAZY = {
+    "reference": ("aiter_mla.reference", None),
+    "mla_reduce_v1": ("aiter_mla.ops.reduce", "mla_reduce_v1"),
+    "hk_mla_decode_fwd": ("aiter_mla.ops.decode", "hk_mla_decode_fwd"),
+    "mla_decode_fwd": ("aiter_mla.ops.decode", "mla_decode_fwd"),
+    "get_mla_metadata_info_v1": ("aiter_mla.ops.metadata", "get_mla_metadata_info_v1"),
+    "get_mla_metadata_v1": ("aiter_mla.ops.metadata", "get_mla_metadata_v1"),
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'aiter_mla' has no attribute {name!r}") from None
+    import importlib
+
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

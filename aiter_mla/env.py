@@ -46,6 +46,10 @@ _declare("AITER_MLA_VERBOSE", False, "0", "1: log every build command")
 _declare("MAX_JOBS", False, None, "parallel builds for 'aiter-mla jit build -j'")
 _declare("HOME", False, None, "home folder, for the default cache root")
 _declare("XDG_CACHE_HOME", False, None, "base of the default cache root when set")
+_declare("AITER_MLA_CONFIG", False, None, "jit_config.json to use instead of the repository's")
+_declare("AITER_MLA_TEMPLATES_DIR", False, None, "templates folder to use instead of the repository's")
+_declare("AITER_MLA_HIPCC", False, None, "path of hipcc (else ROCM_PATH/bin/hipcc, /opt/rocm, PATH)")
+_declare("AITER_MLA_GIT", False, None, "git used by 'aiter-mla deps fetch' (else git on PATH)")
 # --- what we schedule and launch (runtime policy, not codegen) ---
 _declare("AITER_ENABLE_EXPERIMENTAL", False, "0",
          "AITER's knob, parsed as an int: non-zero doubles the m16x4 cluster count")
@@ -83,6 +87,12 @@ def get(name: str) -> str | None:
     return value
 
 
+def is_set(name: str) -> bool:
+    """Whether the declared variable is set to a non-empty value (``aiter-mla info``)."""
+    _lookup(name)
+    return bool(os.environ.get(name))
+
+
 def get_int(name: str, default: int = 0) -> int:
     """The variable parsed as an int; a non-numeric value counts as ``default``.
 
@@ -101,6 +111,14 @@ def get_int(name: str, default: int = 0) -> int:
 def get_flag(name: str) -> bool:
     """True when the variable parses as a non-zero int."""
     return get_int(name, 0) != 0
+
+
+def child_environ(**overrides: str) -> dict[str, str]:
+    """A copy of this process's environment with ``overrides`` applied, for a subprocess
+    (compilers, git). Passing the environment on is not a read of any one variable."""
+    child = dict(os.environ)
+    child.update(overrides)
+    return child
 
 
 def key_items() -> dict[str, str]:

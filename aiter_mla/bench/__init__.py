@@ -1,1 +1,9 @@
-"""``aiter-mla bench``: the main job (see commands.py)."""
+"""``aiter-mla bench``: the main job — MLA decode timed against a roofline floor measured in the
+same run, beside peers and reference numbers.
+
+Modules: ``commands`` (CLI), ``variants`` (which JIT variants, building them), ``inputs``
+(DeepSeek-V3-like batches), ``formulas`` (FLOPs, bytes, floor), ``ceilings`` (copy and GEMM
+rates), ``timing`` (CUDA-graph replays), ``sweep`` (rows), ``peers`` (FlashInfer, FlashMLA),
+``jit_figures`` (cold build, warm load), ``reference_numbers`` (seed MI355, FlashMLA H200),
+``environment``, ``report`` and ``plots`` (outputs).
+"""

@@ -1,8 +1,13 @@
 """JIT kernel modules: render a Jinja template per variant, build it, cache it by content hash,
 load it with ctypes.
 
-Public entry point: :func:`get_module`.
+Public entry points: :func:`get_module` (load, building on first use) and
+:func:`build_variant` (build/verify without loading; compile-only targets).
+See ``docs/ARCHITECTURE.md`` for which file does what.
 """
-from .core import Module, get_module
+from .core import (BuildResult, CompileOnlyError, JitDisabledError, build_variant,
+                   get_module, reset_state, variant_key)
+from .loader import Module
 
-__all__ = ["Module", "get_module"]
+__all__ = ["BuildResult", "CompileOnlyError", "JitDisabledError", "Module", "build_variant",
+           "get_module", "reset_state", "variant_key"]

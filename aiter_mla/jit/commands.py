@@ -1,5 +1,402 @@
-"""CLI sub-commands of this concern (see aiter_mla/cli.py). Placeholder to be filled in."""
+"""CLI sub-commands of the JIT (see aiter_mla/cli.py): ``info``, ``jit ...``, ``deps fetch``.
+
+Every command exits non-zero on any failure (a failed build among many included).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from .. import __version__, env
+from ..arch import AMD_ARCHS, ARCHS, NVIDIA_ARCHS, is_experimental_enabled
+from . import core, third_party
+from .config import ParamError, load_config, templates_dir
+from .render import describe, render
+from .toolchain import ToolchainError, find_compiler
 
 
 def register(subparsers) -> None:
-    pass
+    """Add ``info``, ``jit`` and ``deps`` to the ``aiter-mla`` parser."""
+    p = subparsers.add_parser("info", help="versions, toolchains, GPU, cache, pins, env")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=cmd_info)
+
+    jit = subparsers.add_parser("jit", help="build, list, clear and inspect JIT modules")
+    jsub = jit.add_subparsers(dest="jit_command", required=True)
+
+    p = jsub.add_parser("list", help="modules, their default variants, cached or not")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+
+    for name, helptext in (("build", "build variants (default: the module's default variants)"),
+                           ("rebuild", "build again even when cached (replaces by rename)")):
+        p = jsub.add_parser(name, help=helptext)
+        p.add_argument("module", nargs="?" if name == "build" else None)
+        _add_param_arg(p)
+        if name == "build":
+            p.add_argument("--all", action="store_true",
+                           help="every module's default variants (experimental ones only when "
+                                "AITER_ENABLE_EXPERIMENTAL is non-zero)")
+        p.add_argument("--arch", choices=ARCHS, help="build for this arch instead")
+        p.add_argument("-j", "--jobs", type=int, default=None,
+                       help="parallel builds (default: MAX_JOBS, else min(4, CPUs))")
+        p.set_defaults(func=cmd_build, force=(name == "rebuild"))
+
+    p = jsub.add_parser("clear", help="remove cached entries (skips ones being built)")
+    p.add_argument("module", nargs="?")
+    p.add_argument("--all", action="store_true", help="every entry and leftover")
+    p.set_defaults(func=cmd_clear)
+
+    p = jsub.add_parser("render", help="print a variant's rendered source (no toolchain needed)")
+    p.add_argument("module")
+    _add_param_arg(p)
+    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.set_defaults(func=cmd_render)
+
+    p = jsub.add_parser("gc", help="evict least-recently-used entries down to a size")
+    p.add_argument("--max-bytes", required=True, type=_parse_bytes,
+                   help="size to shrink to: bytes, or with K/M/G suffix")
+    p.set_defaults(func=cmd_gc)
+
+    deps = subparsers.add_parser("deps", help="pinned third-party libraries")
+    dsub = deps.add_subparsers(dest="deps_command", required=True)
+    p = dsub.add_parser("fetch", help="clone pinned libraries into the cache and verify them")
+    p.add_argument("names", nargs="*", help="libraries (default: every pin)")
+    p.set_defaults(func=cmd_deps_fetch)
+
+
+def _add_param_arg(p) -> None:
+    p.add_argument("--param", action="append", default=[], metavar="K=V",
+                   help="a template parameter (repeat for each)")
+
+
+def _parse_bytes(text: str) -> int:
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().rstrip("b").rstrip("i")
+    try:
+        if t and t[-1] in mult:
+            return int(float(t[:-1]) * mult[t[-1]])
+        return int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size "
+                                         f"(e.g. 500000000, 500M, 2G)") from None
+
+
+def _parse_params(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise ParamError(f"--param {item!r}: expected NAME=VALUE")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _variants(args, cfg) -> list[tuple[str, dict]]:
+    given_text = _parse_params(args.param)
+    if getattr(args, "all", False):
+        if args.module or given_text:
+            raise ParamError("--all builds every module's default variants: give no MODULE "
+                             "or --param with it")
+        return core.build_all(arch=args.arch)
+    if not args.module:
+        raise ParamError("name a MODULE (aiter-mla jit list shows them) or use --all")
+    m = cfg.module(args.module)
+    given = m.coerce_params(given_text)
+    if args.arch:
+        given["arch"] = m.coerce_params({"arch": args.arch})["arch"]
+    if set(given) >= set(m.params):
+        return [(m.name, given)]
+    if not m.default_variants:
+        m.check_params(given)  # raises, listing what is missing
+    out, seen = [], set()
+    for d in m.default_variants:
+        v = {**d, **given}
+        ident = tuple(sorted(v.items()))
+        if ident not in seen:
+            seen.add(ident)
+            out.append((m.name, v))
+    return out
+
+
+def _jobs(requested: int | None) -> int:
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"-j must be >= 1, got {requested}")
+        return requested
+    n = env.get_int("MAX_JOBS", 0)
+    return n if n > 0 else max(1, min(4, os.cpu_count() or 1))
+
+
+def cmd_build(args) -> int:
+    cfg = load_config()
+    variants = _variants(args, cfg)
+    if not variants:
+        print("nothing to build (no default variants for that arch)", file=sys.stderr)
+        return 0
+    jobs = _jobs(args.jobs)
+    n, done, failures = len(variants), 0, 0
+    t0 = time.perf_counter()
+    print(f"building {n} variant(s) with {jobs} job(s)", file=sys.stderr)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futs = {pool.submit(core.build_variant, name, force=args.force, **params):
+                describe(name, params) for name, params in variants}
+        for fut in as_completed(futs):
+            done += 1
+            bar = _bar(done, n)
+            try:
+                r = fut.result()
+                state = "built " if r.built else "cached"
+                kind = "" if r.entry.loadable else " [compile-only]"
+                print(f"{bar} {state} {r.variant} {r.seconds:6.2f} s  {r.entry.key[:12]}{kind}",
+                      file=sys.stderr)
+            except Exception as exc:  # keep building the rest; report every failure
+                failures += 1
+                print(f"{bar} FAILED {futs[fut]}: {exc}", file=sys.stderr)
+    print(f"{n - failures} of {n} ok, {failures} failed, {time.perf_counter() - t0:.1f} s",
+          file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _bar(done: int, total: int, width: int = 20) -> str:
+    filled = width * done // total
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def cmd_render(args) -> int:
+    cfg = load_config()
+    m = cfg.module(args.module)
+    params = m.check_params(m.coerce_params(_parse_params(args.param)))
+    text = render(m, params, templates_dir()).text
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output} ({len(text)} characters)", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _cache_status(name: str, params: dict) -> tuple[str, str]:
+    """('cached'|'missing'|'unknown', key or reason)."""
+    try:
+        key, _ = core.variant_key(name, **params)
+    except ToolchainError as exc:
+        return "unknown", f"no toolchain: {exc}"
+    except Exception as exc:
+        return "unknown", str(exc)
+    st = core._get_state()
+    for cache in st.caches:
+        got = cache.read_entry(key, params["arch"])
+        if got is not None and not isinstance(got, core.Corrupt):
+            return "cached", key
+    return "missing", key
+
+
+def cmd_list(args) -> int:
+    cfg = load_config()
+    st = core._get_state()
+    listed = set()
+    rows = []
+    for name, m in cfg.modules.items():
+        mod = {"module": name, "template": m.template, "experimental": m.experimental,
+               "template_exists": (templates_dir() / m.template).is_file(),
+               "params": {k: list(v) for k, v in m.params.items()}, "variants": []}
+        for v in m.default_variants:
+            status, detail = _cache_status(name, v)
+            if status == "cached":
+                listed.add(detail)
+            mod["variants"].append({"params": v, "default": True, "status": status,
+                                    "key": detail if len(detail) == 64 else None,
+                                    "note": None if len(detail) == 64 else detail})
+        rows.append(mod)
+    for e in st.cache.entries():  # cached non-default variants (and other toolchains)
+        meta = e["meta"] or {}
+        if e["key"] in listed or meta.get("module") not in cfg.modules:
+            continue
+        for mod in rows:
+            if mod["module"] == meta["module"]:
+                mod["variants"].append({"params": meta.get("params"), "default": False,
+                                        "status": "cached", "key": e["key"], "note": None})
+    if args.json:
+        print(json.dumps({"cache_root": str(st.cache.root), "modules": rows}, indent=1))
+        return 0
+    print(f"cache root: {st.cache.root}")
+    for mod in rows:
+        flags = []
+        if mod["experimental"]:
+            flags.append("experimental")
+        if not mod["template_exists"]:
+            flags.append("template missing")
+        print(f"\n{mod['module']}  ({mod['template']}{', ' + ', '.join(flags) if flags else ''})")
+        for k, vals in mod["params"].items():
+            print(f"  {k}: {', '.join(str(v) for v in vals)}")
+        for v in mod["variants"]:
+            tag = "default" if v["default"] else "extra  "
+            key = (v["key"] or "")[:12]
+            note = f"  ({v['note']})" if v["note"] else ""
+            print(f"  [{v['status']:>7}] {tag} {describe(mod['module'], v['params'])} {key}{note}")
+    return 0
+
+
+def cmd_clear(args) -> int:
+    if bool(args.module) == bool(args.all):
+        raise ParamError("give a MODULE or --all (not both)")
+    cache = core._get_state().cache
+    if args.module:
+        load_config().module(args.module)  # unknown names are an error
+    removed, skipped, freed = 0, [], 0
+    for e in cache.entries():
+        meta = e["meta"] or {}
+        if args.module and meta.get("module") != args.module:
+            continue
+        if cache.remove_entry(e["key"]):
+            removed += 1
+            freed += e["bytes"]
+        else:
+            skipped.append(meta.get("variant") or e["key"])
+    if args.all:
+        import shutil
+
+        shutil.rmtree(cache.root / "failed", ignore_errors=True)
+    if cache.root.exists():
+        cache.sweep()
+    print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} ({freed} bytes) from "
+          f"{cache.root}; lock files are kept (removing one could let two builders in)")
+    for s in skipped:
+        print(f"skipped {s}: a build holds its lock")
+    return 0
+
+
+def cmd_gc(args) -> int:
+    cache = core._get_state().cache
+    report = cache.gc(args.max_bytes)
+    print(f"removed {len(report['removed'])} entries ({report['freed_bytes']} bytes); "
+          f"{report['remaining_bytes']} bytes of entries remain in {cache.root}")
+    for k in report["skipped_locked"]:
+        print(f"skipped {k[:12]}: a build holds its lock")
+    return 0
+
+
+def cmd_deps_fetch(args) -> int:
+    cfg = load_config()
+    names = args.names or sorted(cfg.third_party)
+    st = core._get_state()
+    for n in names:
+        if n not in cfg.third_party:
+            raise KeyError(f"{n!r} is not pinned in {cfg.path} (pinned: "
+                           f"{', '.join(sorted(cfg.third_party))})")
+        co = third_party.resolve(cfg.third_party[n], st.cache, allow_fetch=True)
+        print(f"{n} {co.commit} verified at {co.path} (from {co.origin}, "
+              f"tree {co.tree_sha256[:12]})")
+    return 0
+
+
+def _versions() -> dict:
+    out = {"aiter_mla": __version__, "python": platform.python_version()}
+    for mod in ("torch", "jinja2", "filelock"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception as exc:  # info reports what is missing instead of failing
+            out[mod] = f"not importable ({exc})"
+    return out
+
+
+def _gpu() -> dict:
+    try:
+        import torch
+    except ImportError:
+        return {"available": False, "reason": "torch not importable"}
+    if not torch.cuda.is_available():
+        return {"available": False, "reason": "torch sees no CUDA device",
+                "torch_cuda": torch.version.cuda}
+    devs = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        devs.append({"index": i, "name": p.name, "capability": f"{p.major}.{p.minor}",
+                     "multiprocessors": p.multi_processor_count})
+    return {"available": True, "torch_cuda": torch.version.cuda, "devices": devs}
+
+
+def _version_line(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        if "release" in ln or "version" in ln:
+            return ln.strip()
+    return lines[0].strip() if lines else ""
+
+
+def cmd_info(args) -> int:
+    cfg = load_config()
+    st = core._get_state()
+    toolchains = {}
+    for arch in ARCHS:
+        try:
+            c = find_compiler(arch, st.cache.toolchains_dir)
+            toolchains[arch] = {"kind": c.kind, "path": c.path, "loadable": c.loadable,
+                                "version": _version_line(c.version)}
+        except ToolchainError as exc:
+            toolchains[arch] = {"error": str(exc)}
+    pins = {}
+    for name, pin in cfg.third_party.items():
+        entry = {"url": pin.url, "commit": pin.commit}
+        try:
+            co = third_party.resolve(pin, st.cache, allow_fetch=False)
+            entry.update(status="ok", path=str(co.path), origin=co.origin)
+        except third_party.ThirdPartyError as exc:
+            entry.update(status="not available", detail=str(exc))
+        pins[name] = entry
+    entries = st.cache.entries()
+    info = {
+        "versions": _versions(),
+        "archs": {"all": list(ARCHS), "nvidia": list(NVIDIA_ARCHS), "amd": list(AMD_ARCHS)},
+        "toolchains": toolchains,
+        "gpu": _gpu(),
+        "cache": {"root": str(st.cache.root), "explicit": st.cache.explicit,
+                  "entries": len(entries), "entry_bytes": sum(e["bytes"] for e in entries),
+                  "total_bytes": st.cache.total_bytes() if st.cache.root.exists() else 0},
+        "config": str(cfg.path), "templates": str(templates_dir()),
+        "experimental_enabled": is_experimental_enabled(),
+        "third_party": pins,
+        "env": {n: {"value": env.get(n), "set": env.is_set(n),
+                    "key_changing": v.key_changing, "doc": v.doc}
+                for n, v in sorted(env.registry().items())},
+    }
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    v = info["versions"]
+    print("versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
+    print("toolchains:")
+    for arch, t in toolchains.items():
+        if "error" in t:
+            print(f"  {arch:7} none: {t['error']}")
+        else:
+            kind = "loadable .so" if t["loadable"] else "compile-only check"
+            print(f"  {arch:7} {t['kind']} {t['path']} ({t['version']}; {kind})")
+    g = info["gpu"]
+    if g["available"]:
+        for d in g["devices"]:
+            print(f"gpu {d['index']}: {d['name']} (sm {d['capability']}, "
+                  f"{d['multiprocessors']} multiprocessors)")
+    else:
+        print(f"gpu: none ({g['reason']})")
+    c = info["cache"]
+    print(f"cache: {c['root']} ({'AITER_MLA_CACHE_DIR' if c['explicit'] else 'default'}), "
+          f"{c['entries']} entries, {c['total_bytes']} bytes")
+    print(f"config: {info['config']}; templates: {info['templates']}; experimental: "
+          f"{'on' if info['experimental_enabled'] else 'off'}")
+    for name, p in pins.items():
+        where = p.get("path") or p.get("detail")
+        print(f"pin {name}: {p['commit']} {p['url']} [{p['status']}] {where}")
+    print("env (k = enters the cache key):")
+    for n, e in info["env"].items():
+        mark = "k" if e["key_changing"] else " "
+        val = e["value"] if e["set"] else f"(unset; default {e['value']!r})"
+        print(f"  {mark} {n}={val}")
+    return 0

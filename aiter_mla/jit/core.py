@@ -1,82 +1,406 @@
-"""TEMPORARY minimal JIT core (render -> nvcc -> ctypes), to be replaced by the full
-implementation (config validation, manifest key, filelock, staging, verify, CLI).
-The public API below is the contract other modules rely on."""
+"""``get_module``: memo -> index -> render -> key -> cache -> lock -> build -> publish -> load.
+
+Public API (the contract every op relies on)::
+
+    mod = get_module("convert_fp8", arch="sm_90a", out_dtype="bf16")   # -> Module
+    fn = mod.function("aiter_mla_convert_fp8", argtypes=[...], restype=ctypes.c_int)
+
+A warm call in the same process is one dict lookup (no filesystem, no lock); the first call
+of a variant in a new process reads the index, verifies the entry (size, sha256, arch) and
+loads it without starting a subprocess; a miss renders, keys, takes the key's file lock,
+checks again, builds in staging, verifies and publishes with one rename.
+
+Policies (AITER's names): ``AITER_REBUILD`` >= 1 rebuilds each variant once per process;
+``AITER_ENABLE_EXPERIMENTAL`` (an int, "0" is off) lets :func:`build_all` include
+experimental modules, which still build on demand; ``AITER_MLA_DISABLE_JIT=1`` loads only
+what is already built.
+"""
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import json
 import os
-import subprocess
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import jinja2
-
-from .. import paths, work_info
-
-_memo: dict[tuple, "Module"] = {}
-_memo_lock = threading.Lock()
-
-
-class Module:
-    """A loaded variant: owns the ctypes handle; :meth:`function` returns a C entry point."""
-
-    def __init__(self, name: str, params: dict, key: str, lib_path: Path):
-        self.name = name
-        self.params = dict(params)
-        self.key = key
-        self.lib_path = lib_path
-        self._lib = ctypes.CDLL(str(lib_path))
-        self._fns: dict[str, object] = {}
-
-    def function(self, symbol: str, argtypes, restype=ctypes.c_int):
-        fn = self._fns.get(symbol)
-        if fn is None:
-            fn = getattr(self._lib, symbol)
-            fn.argtypes = list(argtypes)
-            fn.restype = restype
-            self._fns[symbol] = fn
-        return fn
+from .. import env
+from ..arch import is_experimental_enabled
+from . import key as keymod
+from . import third_party
+from .cache import Cache, CacheNotWritableError, Corrupt, Entry, default_root, fallback_root, log
+from .config import JitConfig, load_config, templates_dir
+from .loader import Module, ModuleLoadError
+from .render import describe, render
+from .toolchain import (BuildError, Compiler, ToolchainError, check_artifact, find_compiler,
+                        run_compiler)
 
 
-def _render(template: str, params: dict) -> str:
-    envj = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(paths.TEMPLATES_DIR)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-    )
-    envj.globals.update(work_info.template_constants())
-    return envj.get_template(template).render(**params)
+class JitDisabledError(RuntimeError):
+    """``AITER_MLA_DISABLE_JIT=1`` and the variant is not in the cache."""
 
 
-def get_module(name: str, **params) -> Module:
+class CompileOnlyError(RuntimeError):
+    """The variant's toolchain makes a device code object (compile check) that cannot be loaded."""
+
+
+_memo: dict[tuple, Module] = {}
+_global_lock = threading.Lock()
+_variant_locks: dict[tuple, threading.Lock] = {}
+
+
+class _State:
+    """Per-process knowledge: cache roots, compilers found, variants rebuilt."""
+
+    def __init__(self) -> None:
+        explicit = env.get("AITER_MLA_CACHE_DIR")
+        if explicit:
+            self.caches = [Cache(Path(explicit).expanduser().absolute(), explicit=True)]
+        else:
+            self.caches = [Cache(default_root(), explicit=False)]
+        self.compilers: dict[str, Compiler] = {}
+        self.rebuilt: set[tuple] = set()
+
+    @property
+    def cache(self) -> Cache:
+        return self.caches[0]
+
+    def compiler(self, arch: str) -> Compiler:
+        c = self.compilers.get(arch)
+        if c is None:
+            c = self.compilers[arch] = find_compiler(arch, self.cache.toolchains_dir)
+        return c
+
+    def writable_cache(self) -> Cache:
+        """The first cache a build can write to; a read-only *default* root falls back to a
+        per-user temp root with a warning, a read-only ``AITER_MLA_CACHE_DIR`` is an error."""
+        try:
+            self.cache.ensure_writable()
+            return self.cache
+        except CacheNotWritableError as exc:
+            if self.cache.explicit:
+                raise
+            fb = Cache(fallback_root(), explicit=False)
+            fb.ensure_writable()
+            log.warning("aiter_mla: %s; building in %s instead", exc, fb.root)
+            self.caches.insert(0, fb)
+            return fb
+
+
+_state: _State | None = None
+
+
+def _get_state() -> _State:
+    global _state
+    st = _state
+    if st is None:
+        with _global_lock:
+            if _state is None:
+                _state = _State()
+            st = _state
+    return st
+
+
+def reset_state() -> None:
+    """Forget everything this process learned (memo, cache root, compilers, rebuilt set).
+    For tests that change the environment between calls; loaded libraries stay mapped."""
+    global _state
+    with _global_lock:
+        _memo.clear()
+        _variant_locks.clear()
+        _state = None
+    keymod._codegen.clear()
+    third_party._env_trees.clear()
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What :func:`build_variant` did: the entry, whether it compiled now, and how long the
+    whole call took (seconds)."""
+
+    name: str
+    params: dict
+    entry: Entry
+    built: bool
+    seconds: float
+
+    @property
+    def variant(self) -> str:
+        return describe(self.name, self.params)
+
+
+@dataclass
+class _Plan:
+    name: str
+    params: dict
+    cfg: JitConfig
+    compiler: Compiler
+    flags: list[str]
+    include_dirs: list[Path]
+    inputs: dict
+    lookup: str
+
+
+def _plan(name: str, params: dict) -> _Plan:
+    cfg = load_config()
+    mcfg = cfg.module(name)
+    params = mcfg.check_params(params)
+    arch = params["arch"]
+    state = _get_state()
+    try:
+        compiler = state.compiler(arch)
+    except ToolchainError as exc:
+        if env.get_flag("AITER_MLA_DISABLE_JIT"):
+            raise JitDisabledError(
+                f"AITER_MLA_DISABLE_JIT=1, but finding {describe(name, params)} in the cache "
+                f"needs the compiler's identity (it is part of the key): {exc}") from None
+        raise
+    flags = [*cfg.toolchains[compiler.kind], *mcfg.flags[compiler.kind],
+             *compiler.arch_flags(arch), *compiler.env_flags()]
+    tdir = templates_dir()
+    include_dirs = [tdir]
+    tp = {}
+    for tp_name in mcfg.third_party:
+        co = third_party.resolve(cfg.third_party[tp_name], state.cache,
+                                 allow_fetch=not env.get_flag("AITER_MLA_DISABLE_JIT"))
+        tp[tp_name] = co.key_item()
+        include_dirs.append(co.include_dir)
+    inputs = keymod.base_inputs(module=name, params=params, template=mcfg.template,
+                                compiler=compiler, flags=flags, third_party=tp)
+    lookup = keymod.lookup_id(inputs, keymod.tree_digest(tdir))
+    return _Plan(name, params, cfg, compiler, flags, include_dirs, inputs, lookup)
+
+
+def variant_key(name: str, **params: Any) -> tuple[str, dict]:
+    """(key, manifest) of a variant without building it. Needs the toolchain (its identity
+    is part of the key), not a GPU. Raises what :func:`build_variant` raises before building."""
+    plan = _plan(name, params)
+    key, manifest, _ = _exact_key(plan)
+    return key, manifest
+
+
+def _exact_key(plan: _Plan):
+    mcfg = plan.cfg.module(plan.name)
+    rendered = render(mcfg, plan.params, templates_dir())
+    manifest = keymod.manifest(plan.inputs, rendered.template_sha256, rendered.source_sha256,
+                               rendered.headers)
+    return keymod.key_of(manifest), manifest, rendered
+
+
+def _find(state: _State, key: str, arch: str) -> tuple[Cache, Entry | Corrupt | None]:
+    found: tuple[Cache, Entry | Corrupt | None] = (state.cache, None)
+    for cache in state.caches:
+        got = cache.read_entry(key, arch)
+        if isinstance(got, Entry):
+            return cache, got
+        if got is not None and found[1] is None:
+            found = (cache, got)
+    return found
+
+
+def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResult:
+    """Make sure a variant is built and published; return its entry without loading it.
+
+    Used by ``aiter-mla jit build`` and for compile-only targets (gfx942 via clang).
+    ``force`` rebuilds even when a valid entry exists (``jit rebuild``): the new entry
+    replaces the old one by rename; processes that loaded the old one keep it.
+
+    Raises ParamError, ToolchainError, RenderError, BuildError, JitDisabledError,
+    CacheNotWritableError, LockTimeoutError, ThirdPartyError.
+    """
+    t0 = time.perf_counter()
+    state = _get_state()
+    plan = _plan(name, params)
+    arch = plan.params["arch"]
+    variant_id = (name, tuple(plan.params.items()))
+    env_rebuild = False
+    if not force and env.get_flag("AITER_REBUILD") and variant_id not in state.rebuilt:
+        force = env_rebuild = True  # AITER: each module force-rebuilt once per process
+    if not force:
+        for cache in state.caches:
+            key = cache.read_index(plan.lookup)
+            if key:
+                got = cache.read_entry(key, arch)
+                if isinstance(got, Entry):
+                    cache.touch_used(key)
+                    return BuildResult(name, plan.params, got, False, time.perf_counter() - t0)
+    key, manifest, rendered = _exact_key(plan)
+    if not force:
+        cache, got = _find(state, key, arch)
+        if isinstance(got, Entry):
+            cache.write_index(plan.lookup, key)
+            cache.touch_used(key)
+            return BuildResult(name, plan.params, got, False, time.perf_counter() - t0)
+    variant = describe(name, plan.params)
+    if env.get_flag("AITER_MLA_DISABLE_JIT"):
+        cmd = "aiter-mla jit build " + name + "".join(
+            f" --param {k}={_text(v)}" for k, v in plan.params.items())
+        raise JitDisabledError(
+            f"AITER_MLA_DISABLE_JIT=1 and {variant} (key {key[:16]}...) is not built in "
+            f"{' or '.join(str(c.root) for c in state.caches)}: build it first ({cmd}) "
+            f"or unset AITER_MLA_DISABLE_JIT"
+        )
+    cache = state.writable_cache()
+    with cache.lock(key, f"build of {variant}"):
+        if env_rebuild and variant_id in state.rebuilt:
+            force = False  # another thread of this process rebuilt it while we waited
+        if not force:  # double-checked: another process may have published while we waited
+            got = cache.read_entry(key, arch)
+            if isinstance(got, Entry):
+                cache.write_index(plan.lookup, key)
+                cache.touch_used(key)
+                return BuildResult(name, plan.params, got, False, time.perf_counter() - t0)
+            if isinstance(got, Corrupt):
+                log.warning("aiter_mla: cache entry %s of %s is corrupt (%s); moving it aside "
+                            "and rebuilding", got.path, variant, got.reason)
+                cache.move_aside(got.path)
+        cache.remove_stale_staging(key)
+        entry = _compile_and_publish(cache, plan, key, manifest, rendered.text, variant,
+                                     replace=force)
+    state.rebuilt.add(variant_id)
+    cache.write_index(plan.lookup, key)
+    cache.touch_used(key)
+    return BuildResult(name, plan.params, entry, True, time.perf_counter() - t0)
+
+
+def _text(v: Any) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, source: str,
+                         variant: str, replace: bool) -> Entry:
+    staging = cache.new_staging(key)
+    src = staging / "source.cu"
+    src.write_text(source)
+    compiler = plan.compiler
+    out = staging / compiler.artifact_name
+    cmd = compiler.command(plan.flags, src, out, plan.include_dirs)
+    t0 = time.perf_counter()
+    rc, output = run_compiler(cmd, staging, staging / "build.log")
+    seconds = time.perf_counter() - t0
+    problem = f"{compiler.kind} exit status {rc}" if rc != 0 else \
+        check_artifact(out, compiler, plan.params["arch"])
+    if problem:
+        kept = cache.keep_failed(key, staging)
+        tail = "\n".join(output.strip().splitlines()[-40:])
+        raise BuildError(
+            f"build of {variant} failed: {problem}\n  params: {plan.params}\n"
+            f"  rendered source: {kept}\n  command: {' '.join(cmd)}\n"
+            f"  compiler output (last 40 lines):\n{tail}",
+            variant=variant, params=plan.params, source_path=kept, command=cmd,
+            returncode=rc, stderr_tail=tail)
+    size, digest = _sha(out)
+    meta = {
+        "key": key,
+        "module": plan.name,
+        "params": plan.params,
+        "variant": variant,
+        "arch": plan.params["arch"],
+        "loadable": compiler.loadable,
+        "artifact": {"name": compiler.artifact_name, "size": size, "sha256": digest},
+        "manifest": manifest,
+        "built_at": time.time(),
+        "build_seconds": round(seconds, 3),
+        "command": cmd,
+    }
+    (staging / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    final = cache.publish(staging, key, replace=replace)
+    return Entry(key, final, final / compiler.artifact_name, meta)
+
+
+def _sha(path: Path) -> tuple[int, str]:
+    from .cache import file_sha256
+
+    return file_sha256(path)
+
+
+def _variant_lock(memo_key: tuple) -> threading.Lock:
+    with _global_lock:
+        lk = _variant_locks.get(memo_key)
+        if lk is None:
+            lk = _variant_locks[memo_key] = threading.Lock()
+        return lk
+
+
+def get_module(name: str, **params: Any) -> Module:
+    """The loaded variant of JIT module ``name`` for ``params`` (every parameter the module
+    lists in ``jit_config.json``, no hidden defaults), built on first use.
+
+    Warm calls in a process are a dict lookup (thread-safe, no filesystem access). Raises
+    ParamError (missing/unknown/disallowed parameter, listing the allowed values),
+    ToolchainError, RenderError, BuildError (with the compiler's output), JitDisabledError,
+    CompileOnlyError (an AMD arch built by the clang compile check), CacheNotWritableError,
+    LockTimeoutError, ModuleLoadError.
+    """
+    try:
+        return _memo[(name, tuple(sorted(params.items())))]
+    except KeyError:
+        pass
+    except TypeError:
+        bad = {k: v for k, v in params.items() if not _hashable(v)}
+        raise TypeError(f"get_module({name!r}): parameter values must be str, int or bool; "
+                        f"got {bad}") from None
+    return _load(name, params)
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
+
+
+def _load(name: str, params: dict) -> Module:
     memo_key = (name, tuple(sorted(params.items())))
-    mod = _memo.get(memo_key)
-    if mod is not None:
-        return mod
-    with _memo_lock:
+    with _variant_lock(memo_key):
         mod = _memo.get(memo_key)
         if mod is not None:
             return mod
-        cfg = json.loads(paths.JIT_CONFIG_PATH.read_text())
-        mcfg = cfg["modules"][name]
-        src = _render(mcfg["template"], params)
-        flags = cfg["toolchains"]["nvcc"]["flags"] + mcfg["flags"]["nvcc"]
-        arch = params.get("arch", "sm_90a")
-        gencode = ["-gencode=arch=compute_90a,code=sm_90a"] if arch == "sm_90a" else []
-        key = hashlib.sha256(json.dumps([src, flags, gencode]).encode()).hexdigest()
-        root = Path(os.path.expanduser("~/.cache/aiter_mla_tmp")) / key
-        lib = root / "lib.so"
-        if not lib.exists():
-            root.mkdir(parents=True, exist_ok=True)
-            (root / "src.cu").write_text(src)
-            cmd = ["nvcc", *flags, *gencode, "-I", str(paths.TEMPLATES_DIR),
-                   str(root / "src.cu"), "-o", str(root / "lib.tmp.so")]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise RuntimeError(f"build of {name} {params} failed:\n{r.stderr[-4000:]}")
-            os.replace(root / "lib.tmp.so", lib)
-        mod = Module(name, params, key, lib)
+        for attempt in range(2):
+            result = build_variant(name, **params)
+            if not result.entry.loadable:
+                raise CompileOnlyError(
+                    f"{result.variant} was built by {result.entry.meta['manifest']['toolchain']['kind']} "
+                    f"as a device code object only (a compile check: no ROCm here), which "
+                    f"cannot be loaded; install ROCm (hipcc) to build a loadable module"
+                )
+            try:
+                mod = Module(name, result.params, result.entry.key, result.entry.artifact)
+                break
+            except ModuleLoadError:
+                # The entry was moved aside (clear/rebuild) between verify and load: retry once.
+                if attempt == 1 or os.path.exists(result.entry.artifact):
+                    raise
         _memo[memo_key] = mod
         return mod
+
+
+def build_all(arch: str | None = None, include_experimental: bool | None = None,
+              modules: list[str] | None = None) -> list[tuple[str, dict]]:
+    """The variants ``jit build --all`` builds: every module's ``default_variants``, with
+    ``arch`` substituted when given (modules that do not allow it are left out). Experimental
+    modules are left out unless ``AITER_ENABLE_EXPERIMENTAL`` is non-zero (or
+    ``include_experimental``)."""
+    cfg = load_config()
+    if include_experimental is None:
+        include_experimental = is_experimental_enabled()
+    out = []
+    for mname, m in cfg.modules.items():
+        if modules is not None and mname not in modules:
+            continue
+        if m.experimental and not include_experimental and modules is None:
+            continue
+        seen = set()
+        for v in m.default_variants:
+            v = dict(v)
+            if arch is not None:
+                if arch not in m.params["arch"]:
+                    break
+                v["arch"] = arch
+            ident = tuple(sorted(v.items()))
+            if ident not in seen:
+                seen.add(ident)
+                out.append((mname, v))
+    return out

@@ -1,5 +1,182 @@
-"""CLI sub-commands of this concern (see aiter_mla/cli.py). Placeholder to be filled in."""
+"""``aiter-mla metadata``: print the split-KV schedule of a batch shape, cluster by cluster.
+
+For "why is my batch slow": the per-cluster loads show how evenly the KV is spread (the decode
+time is roughly the busiest cluster's), the split table shows which batches were cut and how
+many partial rows the reduce has to merge. The schedule is the CPU reference's
+(:mod:`aiter_mla.ops.metadata_reference`), which the device kernel matches exactly.
+"""
+from __future__ import annotations
+
+import json
+import random
+
+from .. import arch
+from ..work_info import WI
+
+
+def _int_list(text: str, name: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--{name} must be an int or a comma list of ints, got {text!r}") from None
+
+
+def _lengths(spec: str, batch: int, seed: int) -> list[int]:
+    """``N``, ``a,b,c`` (cycled over the batch) or ``LO-HI`` (uniform random, seeded)."""
+    if "-" in spec.strip("-"):
+        lo, hi = (int(x) for x in spec.split("-", 1))
+        rng = random.Random(seed)
+        return [rng.randint(lo, hi) for _ in range(batch)]
+    vals = _int_list(spec, "ctx")
+    if not vals:
+        raise ValueError("--ctx is empty")
+    return [vals[b % len(vals)] for b in range(batch)]
+
+
+def build(args):
+    """The inputs and schedule for parsed CLI arguments: (qo, kv, lpl, tokens, schedule)."""
+    from .metadata import default_kv_granularity
+    from .metadata_reference import reference_schedule
+
+    if args.batch < 0:
+        raise ValueError(f"--batch must be >= 0, got {args.batch}")
+    ps = args.page_size
+    G = args.kv_granularity or default_kv_granularity(ps)
+    tokens = _lengths(args.ctx, args.batch, args.seed)
+    qlens_cycle = _int_list(args.qlen, "qlen")
+    qlens = [qlens_cycle[b % len(qlens_cycle)] for b in range(args.batch)]
+    max_q = max(qlens) if qlens else 1
+    clusters = args.clusters
+    if clusters is None:
+        try:
+            clusters = arch.num_clusters(args.heads, max_q)
+        except RuntimeError:
+            clusters = 132  # an H200 (no GPU visible here and CU_NUM unset)
+    qo, kv, lpl = [0], [0], []
+    for t, q in zip(tokens, qlens):
+        pages = -(-t // ps)
+        kv.append(kv[-1] + pages)
+        lpl.append(t - (pages - 1) * ps if pages else 1)
+        qo.append(qo[-1] + q)
+    sched = reference_schedule(qo, kv, lpl, num_heads=args.heads, num_clusters=clusters,
+                               page_size=ps, kv_granularity=G, max_seqlen_qo=max_q,
+                               max_split_per_batch=args.max_split_per_batch)
+    return qo, kv, lpl, tokens, sched
+
+
+def _piece_tokens(rec, kv, tokens, ps) -> int:
+    b = rec[WI["batch_idx"]]
+    start = (rec[WI["kv_start"]] - kv[b]) * ps
+    end = tokens[b] if rec[WI["kv_offset"]] == 0 else tokens[b] - rec[WI["kv_offset"]]
+    return max(0, end - start)
+
+
+def render(qo, kv, tokens, s, *, show_works: bool = False) -> str:
+    """The human-readable report of schedule ``s``."""
+    ps, G, C = s.page_size, s.kv_granularity, s.num_clusters
+    B = s.batch_size
+    lines = []
+    total_cost = sum(s.cluster_cost)
+    lines.append(
+        f"schedule: batch {B}, clusters {C} (payload spread over num_splits {s.num_splits}), "
+        f"page_size {ps}, kv_granularity {G} pages = {G * ps} tokens per cost block, "
+        f"overhead {s.overhead} block(s) per piece, max_seqlen_qo {s.max_seqlen_qo}")
+    lines.append(
+        f"cost: {total_cost} blocks in all, payload {s.payload} blocks per cluster; works "
+        f"{s.num_works} (buffer bound {B + C - 1}), reduce entries "
+        f"{len(s.reduce_partial_map)} (bound {max(0, min(B + C - 1, 2 * (C - 1)))})")
+    loads = s.cluster_cost
+    busy = [c for c in range(C) if loads[c] > 0]
+    if busy:
+        mean = sum(loads) / C
+        top = max(range(C), key=lambda c: loads[c])
+        lines.append(
+            f"cluster load: max {loads[top]} (cluster {top}), mean {mean:.1f}, "
+            f"min {min(loads)}; max/mean {loads[top] / mean:.2f}; idle clusters {C - len(busy)}")
+    lines.append("")
+    lines.append(f"{'cluster':>7} {'works':>5} {'cost':>7} {'%payload':>8} {'kv tokens':>10}  batches")
+    for c in range(C):
+        w0, w1 = s.work_indptr[c], s.work_indptr[c + 1]
+        recs = s.work_info[w0:w1]
+        toks = sum(_piece_tokens(r, kv, tokens, ps) for r in recs)
+        bs = sorted({r[WI["batch_idx"]] for r in recs})
+        desc = (f"{bs[0]}" if len(bs) == 1 else f"{bs[0]}..{bs[-1]}") if bs else "-"
+        cut = any(r[WI["kv_offset"]] != 0 for r in recs)
+        pct = 100.0 * loads[c] / s.payload if s.payload else 0.0
+        lines.append(f"{c:>7} {w1 - w0:>5} {loads[c]:>7} {pct:>7.0f}% {toks:>10}  {desc}"
+                     + (" (cut)" if cut else ""))
+    lines.append("")
+    split = [b for b in range(B) if s.reduce_indptr[b + 1] > s.reduce_indptr[b]]
+    rows = sum((qo[b + 1] - qo[b]) * (s.reduce_indptr[b + 1] - s.reduce_indptr[b])
+               for b in split)
+    lines.append(f"split batches: {len(split)} of {B}; partial rows to reduce: {rows} q tokens "
+                 f"x {s.num_heads} heads")
+    if split:
+        lines.append(f"{'batch':>6} {'kv tokens':>10} {'qlen':>4} {'pieces':>6} {'clusters':>9}  "
+                     "piece tokens")
+        cluster_of = {}
+        for c in range(C):
+            for w in range(s.work_indptr[c], s.work_indptr[c + 1]):
+                cluster_of[w] = c
+        for b in split:
+            ws = [w for w, r in enumerate(s.work_info) if r[WI["batch_idx"]] == b]
+            cs = [cluster_of[w] for w in ws]
+            sizes = [_piece_tokens(s.work_info[w], kv, tokens, ps) for w in ws]
+            lines.append(f"{b:>6} {tokens[b]:>10} {qo[b + 1] - qo[b]:>4} {len(ws):>6} "
+                         f"{cs[0]:>4}..{cs[-1]:<4}  {','.join(map(str, sizes))}")
+    notes = []
+    if busy and s.payload <= 4 * s.overhead:
+        notes.append("the payload is only a few overheads: the per-piece overhead dominates; "
+                     "fewer clusters or more KV per batch balance better")
+    if busy and len(busy) < C:
+        notes.append(f"{C - len(busy)} clusters get no work (too little KV to spread)")
+    if busy and max(loads) > 1.25 * (sum(loads) / len(busy)):
+        notes.append("uneven loads: the busiest cluster sets the decode time; a smaller "
+                     "kv_granularity gives finer cuts")
+    if notes:
+        lines.append("")
+        lines += [f"note: {n}" for n in notes]
+    if show_works:
+        lines.append("")
+        lines.append("work records (" + ", ".join(WI) + "):")
+        for w, r in enumerate(s.work_info):
+            lines.append(f"  {w:>5}: {tuple(r)}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    qo, kv, _lpl, tokens, s = build(args)
+    if args.json:
+        print(json.dumps({
+            "work_indptr": s.work_indptr, "work_info": [list(r) for r in s.work_info],
+            "reduce_indptr": s.reduce_indptr,
+            "reduce_final_map": [list(t) for t in s.reduce_final_map],
+            "reduce_partial_map": s.reduce_partial_map, "cluster_cost": s.cluster_cost,
+            "payload": s.payload, "num_clusters": s.num_clusters, "num_splits": s.num_splits}))
+    else:
+        print(render(qo, kv, tokens, s, show_works=args.works))
+    return 0
 
 
 def register(subparsers) -> None:
-    pass
+    """Add the ``metadata`` sub-command."""
+    p = subparsers.add_parser(
+        "metadata", help="print the split-KV work schedule (per-cluster loads, split table)",
+        description="Plan a batch with the split-KV scheduler and print per-cluster loads and "
+                    "the split table.")
+    p.add_argument("--batch", type=int, required=True, help="number of requests")
+    p.add_argument("--ctx", required=True,
+                   help="KV tokens per request: N, a comma list (cycled), or LO-HI (random)")
+    p.add_argument("--heads", type=int, default=128, help="q heads (per KV head)")
+    p.add_argument("--qlen", default="1", help="q tokens per request: N or a comma list (cycled)")
+    p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--kv-granularity", type=int, default=None,
+                   help="pages per cost block (default max(1, 64 // page_size), as the decode op)")
+    p.add_argument("--clusters", type=int, default=None,
+                   help="work lists (default: num_CU x occupancy of the GPU or CU_NUM; 132 if "
+                        "neither)")
+    p.add_argument("--max-split-per-batch", type=int, default=-1)
+    p.add_argument("--seed", type=int, default=0, help="seed for --ctx LO-HI")
+    p.add_argument("--works", action="store_true", help="also list every work record")
+    p.add_argument("--json", action="store_true", help="print the schedule as JSON")
+    p.set_defaults(func=run)

@@ -1,0 +1,280 @@
+"""The bench's outputs: ``results.json`` (DESIGN.md §6), ``results.md``, the stdout table.
+
+Pure Python; works on synthetic rows (tests) as on measured ones. File names take an optional
+tag (``results_<tag>.json``) so several sweeps can share one folder (``docs/perf/``).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+from . import reference_numbers
+
+#: Keys DESIGN.md §6 fixes; extra keys are allowed beside them.
+TOP_KEYS = ("commit", "machine", "versions", "ceilings", "rows")
+CEILING_KEYS = ("copy_TBps", "bf16_TFLOPS", "fp8_TFLOPS")
+ROW_KEYS = ("heads", "qlen", "batch", "ctx", "page_size", "dtype", "varlen", "us", "tflops",
+            "tbps", "frac_floor", "peers")
+
+
+def build_results(commit: str, machine: str, versions: dict, ceilings: dict, rows: list[dict],
+                  **extra) -> dict:
+    """The results document: DESIGN §6's keys first, then ``extra`` (config, notes, jit, ...)."""
+    doc = {"commit": commit, "machine": machine, "versions": versions,
+           "ceilings": {k: ceilings[k] for k in CEILING_KEYS}, "rows": rows}
+    doc.update(extra)
+    return doc
+
+
+def validate_results(doc: dict) -> None:
+    """Raise ValueError naming the first missing or mistyped DESIGN §6 field.
+
+    A row that failed (``"error"`` set) may have ``us`` etc. as None; every other row needs
+    numbers.
+    """
+    for k in TOP_KEYS:
+        if k not in doc:
+            raise ValueError(f"results is missing top-level key {k!r}")
+    for k in CEILING_KEYS:
+        if not isinstance(doc["ceilings"].get(k), (int, float)):
+            raise ValueError(f"ceilings[{k!r}] must be a number, got {doc['ceilings'].get(k)!r}")
+    if not isinstance(doc["rows"], list):
+        raise ValueError("rows must be a list")
+    for i, row in enumerate(doc["rows"]):
+        for k in ROW_KEYS:
+            if k not in row:
+                raise ValueError(f"rows[{i}] is missing {k!r}")
+        if not isinstance(row["peers"], dict):
+            raise ValueError(f"rows[{i}]['peers'] must be a dict of name -> us")
+        if row.get("error"):
+            continue
+        for k in ("us", "tflops", "tbps", "frac_floor"):
+            if not isinstance(row[k], (int, float)) or not math.isfinite(row[k]):
+                raise ValueError(f"rows[{i}][{k!r}] must be a finite number, got {row[k]!r}")
+
+
+def file_names(tag: str = "") -> dict[str, str]:
+    """Output file names for a tag: json, md, latency plot, fraction-of-floor heat map."""
+    sfx = f"_{tag}" if tag else ""
+    return {"json": f"results{sfx}.json", "md": f"results{sfx}.md",
+            "latency_png": f"latency_vs_ctx{sfx}.png", "frac_png": f"frac_floor{sfx}.png"}
+
+
+def group_key(row: dict) -> tuple:
+    """A row's table: (heads, qlen, dtype, page_size, varlen)."""
+    return (row["heads"], row["qlen"], row["dtype"], row["page_size"], row["varlen"])
+
+
+def group_title(key: tuple) -> str:
+    """Heading of a group's table and plot panel."""
+    heads, qlen, dtype, page, varlen = key
+    return (f"heads {heads}, qlen {qlen}, {dtype}, page {page}, "
+            f"{'varlen (log-normal) ctx' if varlen else 'uniform ctx'}")
+
+
+def groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """Rows by (heads, qlen, dtype, page_size, varlen), in first-seen order."""
+    out: dict[tuple, list[dict]] = {}
+    for row in rows:
+        out.setdefault(group_key(row), []).append(row)
+    return out
+
+
+def _f(v, digits: int = 1) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return f"{v:.{digits}f}"
+
+
+def _err(v) -> str:
+    return "–" if v is None else f"{v:.1e}"
+
+
+def _table(rows: list[dict], short: bool = False) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells of one group's table (peer and reference columns only if present).
+
+    ``short``: terse headers for the terminal, where failed rows are listed below the table.
+    """
+    peer_cols = list(dict.fromkeys(c for r in rows for c in r.get("peers", {})))
+    has_seed = any("seed_mi355_us" in r for r in rows)
+    has_fm = any("flashmla_h200_us" in r for r in rows)
+    varlen = any(r["varlen"] for r in rows)
+    if short:
+        names = ["meta µs", "dec+red µs", "layer µs", "total µs", "TFLOPS", "TB/s", "floor µs",
+                 "frac", "ref err"]
+    else:
+        names = ["metadata µs", "decode+reduce µs", "per-layer µs", "total µs", "TFLOPS", "TB/s",
+                 "floor µs", "frac floor", "ref rel-L2"]
+    headers = ["batch", "ctx"] + (["Σkv", "max kv"] if varlen else []) + names
+    for c in peer_cols:
+        headers += [f"{c} µs", f"ours/{c}"]
+    if has_seed:
+        headers.append("MI355 µs (ref)" if short else f"{reference_numbers.SEED_MI355_LABEL} µs (ref)")
+    if has_fm:
+        headers.append("FlashMLA µs (ref)" if short else
+                       f"{reference_numbers.FLASHMLA_H200_LABEL} µs (ref)")
+    cells = []
+    for r in rows:
+        line = [str(r["batch"]), str(r["ctx"])]
+        if varlen:
+            line += [str(r.get("kv_len_sum", "")), str(r.get("kv_len_max", ""))]
+        if r.get("error"):
+            if not short:
+                line += [f"ERROR: {r['error']}"] + [""] * (len(headers) - len(line) - 1)
+                cells.append(line)
+            continue
+        ref = _err(r.get("ref_rel_err"))
+        if r.get("ref_ok") is False:
+            ref += " FAIL"
+        line += [_f(r.get("metadata_us")), _f(r["us"]), _f(r.get("per_layer_us")),
+                 _f(r.get("total_us")), _f(r["tflops"], 0), _f(r["tbps"], 2),
+                 _f(r.get("floor_us")), _f(r["frac_floor"], 2), ref]
+        for c in peer_cols:
+            line += [_f(r["peers"].get(c)), _f(r.get("peer_ratio", {}).get(c), 2)]
+        if has_seed:
+            line.append(_f(r.get("seed_mi355_us")))
+        if has_fm:
+            line.append(_f(r.get("flashmla_h200_us")))
+        cells.append(line)
+    return headers, cells
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """One group's rows as a markdown table (failed rows show their error)."""
+    headers, cells = _table(rows)
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(c) + " |" for c in cells]
+    return "\n".join(out)
+
+
+def text_table(rows: list[dict]) -> str:
+    """Aligned plain text; failed rows follow the table, one line each."""
+    headers, cells = _table(rows, short=True)
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(headers)]
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+    out = [fmt.format(*headers)] + [fmt.format(*c) for c in cells]
+    out += [f"batch {r['batch']} ctx {r['ctx']}: ERROR: {r['error']}" for r in rows if r.get("error")]
+    return "\n".join(out)
+
+
+def collect_notes(doc: dict) -> list[str]:
+    """Run-level notes, then each distinct row note with how many rows it applies to."""
+    notes = list(doc.get("notes", []))
+    counts = Counter(n for r in doc["rows"] for n in r.get("notes", []))
+    notes += [f"{n} ({c} row{'s' if c > 1 else ''})" for n, c in counts.items()]
+    return notes
+
+
+def _ceilings_lines(c: dict) -> list[str]:
+    return ["| device copy (read + write) | bf16 GEMM 8192³ | fp8 GEMM 8192³ (`torch._scaled_mm`) |",
+            "|---|---|---|",
+            f"| {c['copy_TBps']:.2f} TB/s | {c['bf16_TFLOPS']:.0f} TFLOPS | {c['fp8_TFLOPS']:.0f} TFLOPS |"]
+
+
+def _jit_lines(jit: dict) -> list[str]:
+    lines = []
+    variants = jit.get("variants", [])
+    if variants:
+        lines += ["| variant | cold build s (fresh cache, new process) | warm load ms (new process, "
+                  "after import) | `import aiter_mla` s |", "|---|---|---|---|"]
+        for v in variants:
+            cold, warm = v.get("cold", {}), v.get("warm", {})
+            cold_s = f"error: {cold['error']}" if "error" in cold else _f(cold.get("cold_build_s"), 2)
+            if cold.get("not_cold"):
+                cold_s += " (not cold: " + cold["not_cold"] + ")"
+            warm_s = f"error: {warm['error']}" if "error" in warm else _f(warm.get("warm_load_ms"), 2)
+            lines.append(f"| `{v['label']}` | {cold_s} | {warm_s} | {_f(warm.get('import_s'), 2)} |")
+    d = jit.get("dispatch")
+    if d:
+        if "error" in d:
+            lines.append(f"\nDispatch overhead: not measured ({d['error']}).")
+        else:
+            s = d["shape"]
+            lines.append(
+                f"\nWarm in-process dispatch: **{d['mla_decode_fwd_host_us']:.1f} µs** of host time per "
+                f"`mla_decode_fwd` call with a pre-planned schedule (heads {s['heads']}, qlen "
+                f"{s['qlen']}, batch 1, ctx {s['ctx']}, {s['dtype']}, GPU idle between calls; "
+                f"{d['calls']} calls); `get_module` memo hit: {d['get_module_memo_us']:.2f} µs.")
+    for n in jit.get("notes", []):
+        lines.append(f"\n{n}")
+    return lines
+
+
+def render_markdown(doc: dict, tag: str = "") -> str:
+    """``results.md``: header (commit, machine, versions, ceilings), notes, JIT figures, then a
+    table and the plots per group."""
+    names = file_names(tag)
+    v = doc["versions"]
+    out = [f"# aiter_mla decode benchmark{f' ({tag})' if tag else ''}", "",
+           f"- commit measured: `{doc['commit']}`", f"- machine: {doc['machine']}",
+           "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val),
+           ]
+    cfg = doc.get("config", {})
+    if cfg.get("command"):
+        out.append(f"- command: `{cfg['command']}`")
+    out += ["", "## Ceilings (measured in this run)", "", *_ceilings_lines(doc["ceilings"]), "",
+            "Floor = max(bytes / copy bandwidth, FLOPs / GEMM rate), with the fp8 rate when Q and "
+            "KV are both fp8, else bf16's. FLOPs = 2·Σ(qlen·kv_len)·heads·(576+512); bytes = KV "
+            "read once + Q + O (bf16). frac floor = floor / measured (1.0 is the limit). "
+            "decode+reduce is `mla_decode_fwd` with a plan (what `us`, TFLOPS, TB/s and frac floor "
+            f"use); per-layer = decode+reduce + metadata / {cfg.get('layers', 61)} (one plan serves "
+            "every layer of a decode step); total = metadata + decode+reduce.",
+            "", "Timing: " + cfg.get("timing", ""), ""]
+    notes = collect_notes(doc)
+    out += ["## Peers and notes", ""]
+    out += [f"- {n}" for n in notes] or ["- none"]
+    if doc.get("jit"):
+        out += ["", "## JIT", "", *_jit_lines(doc["jit"])]
+    for key, rows in groups(doc["rows"]).items():
+        out += ["", f"## {group_title(key)}", "", markdown_table(rows)]
+    out += ["", f"![latency vs ctx]({names['latency_png']})", "",
+            f"![fraction of floor]({names['frac_png']})", "",
+            "Columns marked (ref) were measured elsewhere, not in this run: "
+            f"{reference_numbers.SEED_MI355_LABEL} = the seed's MI355 HK kernel (AITER #3072); "
+            f"{reference_numbers.FLASHMLA_H200_LABEL} = FlashMLA c2067be on an H200 "
+            "(sm90_kernel_notes.md §1). ours/peer < 1 means ours is faster.", ""]
+    return "\n".join(out)
+
+
+def render_stdout(doc: dict) -> str:
+    """Ceilings line, notes and a plain-text table per group."""
+    c = doc["ceilings"]
+    out = [f"commit {doc['commit']} | {doc['machine']}",
+           f"ceilings: copy {c['copy_TBps']:.2f} TB/s, bf16 {c['bf16_TFLOPS']:.0f} TFLOPS, "
+           f"fp8 {c['fp8_TFLOPS']:.0f} TFLOPS"]
+    out += [f"note: {n}" for n in collect_notes(doc)]
+    for key, rows in groups(doc["rows"]).items():
+        out += ["", group_title(key), text_table(rows)]
+    return "\n".join(out)
+
+
+def _finite(obj):
+    """JSON has no NaN or infinity: such floats become null (e.g. the rel-L2 of a NaN output,
+    whose row also says ``ref_ok: false``)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def write_outputs(doc: dict, out_dir: Path, tag: str = "") -> dict[str, Path]:
+    """Validate, then write json, md and the two plots into ``out_dir``; returns their paths."""
+    from . import plots
+
+    validate_results(doc)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = file_names(tag)
+    paths = {k: out_dir / n for k, n in names.items()}
+    paths["json"].write_text(json.dumps(_finite(doc), indent=1, allow_nan=False) + "\n")
+    plots.latency_vs_ctx(doc["rows"], paths["latency_png"], doc.get("machine", ""))
+    plots.frac_floor_heatmap(doc["rows"], paths["frac_png"], doc.get("machine", ""))
+    paths["md"].write_text(render_markdown(doc, tag))
+    return paths

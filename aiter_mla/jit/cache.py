@@ -1,0 +1,460 @@
+"""The on-disk cache: hash-named entries, built in staging, published by one rename.
+
+Layout under the root (``AITER_MLA_CACHE_DIR``, default ``~/.cache/aiter_mla``)::
+
+    entries/<key>/       meta.json (manifest, artifact size + sha256, arch, readable name),
+                         lib.so or code.hsaco, source.cu, build.log     -- never rewritten
+    index/<lookup id>    the key that a lookup id resolved to (warm-hit shortcut, key.py)
+    locks/<key>.lock     one flock per key (kept: deleting a lock file lets two builders in)
+    locks/<key>.owner    who holds the lock, for waiters' messages only (never for liveness)
+    staging/<key>.<pid>.<rand>/   a build in progress; same filesystem, so publish is a rename
+    trash/               entries moved aside (corrupt, rebuilt, cleared) before deletion
+    failed/<key>/        source.cu + build.log of the last failed build of a key
+    used/<key>           last-use stamps (mtime) for LRU gc
+    toolchains/          remembered ``--version`` outputs (toolchain.py)
+    third_party/         pinned checkouts (third_party.py)
+
+Sources of the rules: Triton's temp-folder-then-rename publish (#4295), CuPy's hash check on
+read, FlashInfer's double-checked lock, torch's stale-lock hang (#189245) avoided with flock.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import env
+
+log = logging.getLogger("aiter_mla.jit")
+
+META = "meta.json"
+_SUBDIRS = ("entries", "index", "locks", "staging", "trash", "failed", "used", "toolchains")
+
+
+class CacheError(RuntimeError):
+    """The cache cannot be used as asked."""
+
+
+class CacheNotWritableError(CacheError):
+    """A build is needed but the cache root cannot be written."""
+
+
+class LockTimeoutError(CacheError, TimeoutError):
+    """Another process held a key's lock for longer than ``AITER_MLA_LOCK_TIMEOUT``."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A verified, published entry."""
+
+    key: str
+    path: Path
+    artifact: Path
+    meta: dict
+
+    @property
+    def loadable(self) -> bool:
+        return bool(self.meta.get("loadable"))
+
+
+@dataclass(frozen=True)
+class Corrupt:
+    """An entry that exists but failed verification (``reason`` says how)."""
+
+    key: str
+    path: Path
+    reason: str
+
+
+def default_root() -> Path:
+    """``$XDG_CACHE_HOME/aiter_mla`` if that is set, else ``~/.cache/aiter_mla``."""
+    xdg = env.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg) / "aiter_mla"
+    home = env.get("HOME") or os.path.expanduser("~")
+    return Path(home) / ".cache" / "aiter_mla"
+
+
+def fallback_root() -> Path:
+    """Where builds go when the default root is read-only (per user, under the temp dir)."""
+    return Path(tempfile.gettempdir()) / f"aiter_mla-{os.getuid()}"
+
+
+def atomic_write_text(path: Path, text: str, best_effort: bool = False) -> None:
+    """Write ``path`` through a temp file and one rename; readers see old or new, never half.
+    With ``best_effort``, a read-only location is silently skipped."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        if not best_effort:
+            raise
+        with contextlib.suppress(OSError, UnboundLocalError):
+            tmp.unlink()
+
+
+def _fsync_tree(folder: Path) -> None:
+    for p in folder.iterdir():
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def file_sha256(path: Path) -> tuple[int, str]:
+    """(size, sha256 hex) of a file. Reads through one small reused buffer: a fresh process
+    pays page faults for every large new buffer, which cost more than the hashing here."""
+    h = hashlib.sha256()
+    buf = bytearray(1 << 16)
+    view = memoryview(buf)
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            size += n
+            h.update(view[:n])
+    return size, h.hexdigest()
+
+
+def _filelock_kwargs() -> dict:
+    import inspect
+
+    import filelock
+
+    params = inspect.signature(filelock.FileLock.__init__).parameters
+    kw = {"thread_local": False}
+    if "fallback_to_soft" in params:
+        kw["fallback_to_soft"] = False  # a soft lock judges liveness by pid: never
+    return kw
+
+
+class Cache:
+    """One cache root. ``explicit``: the root came from ``AITER_MLA_CACHE_DIR``."""
+
+    def __init__(self, root: Path, explicit: bool):
+        self.root = Path(root)
+        self.explicit = explicit
+        self._lock_kw: dict | None = None
+
+    # ----- paths
+    def entry_dir(self, key: str) -> Path:
+        return self.root / "entries" / key
+
+    @property
+    def toolchains_dir(self) -> Path:
+        return self.root / "toolchains"
+
+    @property
+    def third_party_dir(self) -> Path:
+        return self.root / "third_party"
+
+    def lock_path(self, key: str) -> Path:
+        return self.root / "locks" / f"{key}.lock"
+
+    # ----- reading (no lock needed: published entries are immutable)
+    def read_entry(self, key: str, arch: str) -> Entry | Corrupt | None:
+        """The verified entry of ``key``, a :class:`Corrupt` one, or None if absent.
+
+        Verifies meta.json, the artifact's size and sha256, the key and the arch recorded
+        at build time."""
+        d = self.entry_dir(key)
+        try:
+            meta = json.loads((d / META).read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            return Corrupt(key, d, f"meta.json unreadable: {exc}")
+        try:
+            art = meta["artifact"]
+            path = d / art["name"]
+            if meta["key"] != key:
+                return Corrupt(key, d, f"meta.json is for key {meta['key']}")
+            if meta["arch"] != arch:
+                return Corrupt(key, d, f"built for arch {meta['arch']}, wanted {arch}")
+            size, digest = file_sha256(path)
+        except FileNotFoundError:
+            if not d.exists():
+                return None  # moved away (rebuild/clear) while we read
+            return Corrupt(key, d, "artifact file missing")
+        except (KeyError, TypeError) as exc:
+            return Corrupt(key, d, f"meta.json lacks {exc}")
+        if size != art["size"] or digest != art["sha256"]:
+            return Corrupt(key, d, f"artifact is {size} bytes sha256 {digest[:12]}..., "
+                                   f"meta.json says {art['size']} bytes {art['sha256'][:12]}...")
+        return Entry(key, d, path, meta)
+
+    def read_index(self, lookup: str) -> str | None:
+        try:
+            key = (self.root / "index" / lookup).read_text().strip()
+        except OSError:
+            return None
+        return key if len(key) == 64 else None
+
+    def write_index(self, lookup: str, key: str) -> None:
+        atomic_write_text(self.root / "index" / lookup, key, best_effort=True)
+
+    def touch_used(self, key: str) -> None:
+        """Stamp the entry's last use for LRU gc (skipped on a read-only cache)."""
+        stamp = self.root / "used" / key
+        try:
+            os.utime(stamp)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                stamp.parent.mkdir(parents=True, exist_ok=True)
+                stamp.touch()
+        except OSError:
+            pass
+
+    # ----- writing
+    def ensure_writable(self) -> None:
+        """Create the folders a build needs; raise :class:`CacheNotWritableError` naming
+        ``AITER_MLA_CACHE_DIR`` when that fails."""
+        try:
+            for sub in _SUBDIRS:
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+            probe = self.root / "staging" / f".probe.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            how = ("AITER_MLA_CACHE_DIR points at it" if self.explicit
+                   else "it is the default root")
+            raise CacheNotWritableError(
+                f"JIT cache root {self.root} is not writable ({exc.strerror or exc}; {how}): "
+                f"set AITER_MLA_CACHE_DIR to a writable folder, or AITER_MLA_DISABLE_JIT=1 "
+                f"to use only what the cache already holds"
+            ) from None
+
+    @contextlib.contextmanager
+    def lock(self, key: str, what: str, timeout: float | None = None):
+        """Hold ``key``'s flock while building/publishing. Waiters log who waits for what
+        every 10 s and give up after ``AITER_MLA_LOCK_TIMEOUT`` seconds. The lock dies with
+        its holder (kernel flock), so a SIGKILLed builder never wedges the next caller."""
+        import filelock
+
+        if self._lock_kw is None:
+            self._lock_kw = _filelock_kwargs()
+        if timeout is None:
+            timeout = float(env.get("AITER_MLA_LOCK_TIMEOUT") or 900)
+        path = self.lock_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lk = filelock.FileLock(str(path), **self._lock_kw)
+        start = time.monotonic()
+        next_note = start + 2.0
+        while True:
+            waited = time.monotonic() - start
+            try:
+                lk.acquire(timeout=max(0.0, min(0.5, timeout - waited)), poll_interval=0.02)
+                break
+            except filelock.Timeout:
+                now = time.monotonic()
+                if now - start >= timeout:
+                    raise LockTimeoutError(
+                        f"pid {os.getpid()} gave up after {now - start:.0f} s waiting for {what}: "
+                        f"lock {path} is held by {self._owner(key)}; raise "
+                        f"AITER_MLA_LOCK_TIMEOUT if that build is slow, or stop that process"
+                    ) from None
+                if now >= next_note:
+                    log.warning("aiter_mla: pid %d waiting %.0f s (of %.0f s) for %s: lock %s is "
+                                "held by %s", os.getpid(), now - start, timeout, what, path,
+                                self._owner(key))
+                    next_note = now + 10.0
+        owner = path.with_suffix(".owner")
+        try:
+            atomic_write_text(owner, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                                 "since": time.time(), "what": what}),
+                              best_effort=True)
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                owner.unlink()
+            lk.release()
+
+    def _owner(self, key: str) -> str:
+        try:
+            o = json.loads(self.lock_path(key).with_suffix(".owner").read_text())
+            return (f"pid {o['pid']} on {o['host']} (building {o['what']}, "
+                    f"{time.time() - o['since']:.0f} s ago)")
+        except (OSError, ValueError, KeyError, TypeError):
+            return "another process"
+
+    def try_lock(self, key: str):
+        """A held lock for ``key`` or None when another process holds it (never waits)."""
+        import filelock
+
+        if self._lock_kw is None:
+            self._lock_kw = _filelock_kwargs()
+        path = self.lock_path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lk = filelock.FileLock(str(path), **self._lock_kw)
+            lk.acquire(timeout=0)
+        except filelock.Timeout:
+            return None
+        return lk
+
+    def new_staging(self, key: str) -> Path:
+        d = self.root / "staging" / f"{key}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
+        d.mkdir(parents=True)
+        return d
+
+    def remove_stale_staging(self, key: str) -> None:
+        """Delete staging folders of ``key`` left by dead builders. Call with the key's lock
+        held: then no live process is building into any of them."""
+        with contextlib.suppress(FileNotFoundError):
+            for d in (self.root / "staging").iterdir():
+                if d.name.startswith(key + "."):
+                    shutil.rmtree(d, ignore_errors=True)
+
+    def move_aside(self, path: Path) -> None:
+        """Rename ``path`` into trash/ (atomic), then delete it. A process that has the
+        library loaded keeps its mapping."""
+        trash = self.root / "trash" / f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        trash.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(path, trash)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def publish(self, staging: Path, key: str, replace: bool) -> Path:
+        """Make ``staging`` the entry of ``key`` with one rename (call with the lock held).
+        With ``replace``, an existing entry is moved aside first (``rebuild``)."""
+        _fsync_tree(staging)
+        final = self.entry_dir(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if replace:
+            self.move_aside(final)
+        try:
+            os.rename(staging, final)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            self.move_aside(final)  # only a corrupt leftover can be here while we hold the lock
+            os.rename(staging, final)
+        _fsync_dir(final.parent)
+        return final
+
+    def keep_failed(self, key: str, staging: Path) -> Path:
+        """Keep a failed build's source and log under failed/<key>/ for inspection; return
+        the kept source path."""
+        dest = self.root / "failed" / key
+        self.move_aside(dest)
+        try:
+            os.rename(staging, dest)
+        except OSError:
+            return staging / "source.cu"
+        return dest / "source.cu"
+
+    # ----- listing, clearing, gc
+    def entries(self) -> list[dict]:
+        """Every published entry: key, path, bytes, last use, meta (None if unreadable)."""
+        out = []
+        with contextlib.suppress(FileNotFoundError):
+            for d in sorted((self.root / "entries").iterdir()):
+                try:
+                    meta = json.loads((d / META).read_text())
+                except (OSError, ValueError):
+                    meta = None
+                size = sum(p.stat().st_size for p in d.iterdir() if p.is_file())
+                try:
+                    used = (self.root / "used" / d.name).stat().st_mtime
+                except OSError:
+                    used = d.stat().st_mtime
+                out.append({"key": d.name, "path": d, "bytes": size, "last_used": used,
+                            "meta": meta})
+        return out
+
+    def total_bytes(self) -> int:
+        """Bytes of every file under the root."""
+        total = 0
+        for dirpath, _, files in os.walk(self.root):
+            for f in files:
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(dirpath, f)).st_size
+        return total
+
+    def remove_entry(self, key: str) -> bool:
+        """Remove one entry unless its lock is held (a build or rebuild is running);
+        return whether it was removed."""
+        lk = self.try_lock(key)
+        if lk is None:
+            return False
+        try:
+            self.move_aside(self.entry_dir(key))
+            with contextlib.suppress(OSError):
+                (self.root / "used" / key).unlink()
+        finally:
+            lk.release()
+        return True
+
+    def sweep(self) -> None:
+        """Delete leftovers no live process uses: staging folders whose key is not locked,
+        trash, and index records pointing at missing entries. Lock files are kept."""
+        with contextlib.suppress(FileNotFoundError):
+            for d in (self.root / "staging").iterdir():
+                key = d.name.split(".", 1)[0]
+                if len(key) != 64:
+                    continue
+                lk = self.try_lock(key)
+                if lk is not None:
+                    try:
+                        shutil.rmtree(d, ignore_errors=True)
+                    finally:
+                        lk.release()
+        with contextlib.suppress(FileNotFoundError):
+            for d in (self.root / "trash").iterdir():
+                shutil.rmtree(d, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            for f in (self.root / "index").iterdir():
+                key = self.read_index(f.name)
+                if key is None or not self.entry_dir(key).exists():
+                    with contextlib.suppress(OSError):
+                        f.unlink()
+
+    def gc(self, max_bytes: int) -> dict:
+        """Evict least-recently-used entries until the entries total at most ``max_bytes``;
+        a locked entry is never evicted. Returns a report with the bytes and entries removed
+        and the locked ones skipped."""
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        entries = sorted(self.entries(), key=lambda e: e["last_used"])
+        total = sum(e["bytes"] for e in entries)
+        removed, freed, skipped = [], 0, []
+        for e in entries:
+            if total <= max_bytes:
+                break
+            if self.remove_entry(e["key"]):
+                removed.append(e["key"])
+                freed += e["bytes"]
+                total -= e["bytes"]
+            else:
+                skipped.append(e["key"])
+        self.sweep()
+        return {"removed": removed, "freed_bytes": freed, "skipped_locked": skipped,
+                "remaining_bytes": total}

@@ -1,0 +1,69 @@
+"""A loaded variant: the ctypes handle of a published host library and its C entry points."""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+
+class ModuleLoadError(RuntimeError):
+    """A published library could not be loaded, or lacks a requested symbol."""
+
+
+class Module:
+    """A loaded variant of a JIT module.
+
+    Attributes: ``name`` (module), ``params`` (the variant's parameters, sorted), ``key``
+    (cache key, sha256 hex), ``lib_path`` (the published ``lib.so``). The file may be removed
+    later by ``jit clear``/``rebuild``; this process keeps its mapping.
+    """
+
+    def __init__(self, name: str, params: dict, key: str, lib_path: Path):
+        self.name = name
+        self.params = dict(params)
+        self.key = key
+        self.lib_path = Path(lib_path)
+        try:
+            self._lib = ctypes.CDLL(str(lib_path))
+        except OSError as exc:
+            raise ModuleLoadError(f"could not load {name} {self.params} from {lib_path}: {exc}") \
+                from None
+        self._fns: dict[str, object] = {}
+        self._error_string = None
+
+    def function(self, symbol: str, argtypes, restype=ctypes.c_int):
+        """The C entry point ``symbol`` with its ctypes signature set (cached per symbol).
+
+        ``argtypes``: ctypes types of the arguments; ``restype``: the return type
+        (``c_int``: a ``cudaError_t``, 0 = success). Raises :class:`ModuleLoadError` when the
+        library does not export ``symbol``.
+        """
+        fn = self._fns.get(symbol)
+        if fn is None:
+            try:
+                fn = getattr(self._lib, symbol)
+            except AttributeError:
+                raise ModuleLoadError(
+                    f"module {self.name} ({self.lib_path}) exports no symbol {symbol!r}"
+                ) from None
+            fn.argtypes = list(argtypes)
+            fn.restype = restype
+            self._fns[symbol] = fn
+        return fn
+
+    def error_string(self, code: int) -> str:
+        """The runtime's text for an error code returned by an entry point
+        (``aiter_mla_error_string``, exported by every module)."""
+        if self._error_string is None:
+            self._error_string = self.function("aiter_mla_error_string", [ctypes.c_int],
+                                               ctypes.c_char_p)
+        text = self._error_string(int(code))
+        return text.decode(errors="replace") if text else f"error {code}"
+
+    def check(self, code: int, what: str) -> None:
+        """Raise RuntimeError naming ``what`` and the runtime's message when ``code`` != 0."""
+        if code != 0:
+            raise RuntimeError(f"{what} failed: {self.error_string(code)} (error {code}) "
+                               f"[module {self.name} {self.params}]")
+
+    def __repr__(self) -> str:
+        return f"Module({self.name!r}, {self.params}, key={self.key[:12]}...)"

@@ -1,0 +1,302 @@
+"""Compilers: find one for an arch, fingerprint it, build a command, run it, check its output.
+
+=========  ===========================  ===================================================
+arch       compiler                     artifact
+=========  ===========================  ===================================================
+sm_90a     nvcc                         ``lib.so``: host library, static cudart, ctypes-loadable
+gfx942/950 hipcc (ROCm installed)       ``lib.so``: host library, ctypes-loadable
+gfx942     clang-19 ``-x hip`` (no ROCm) ``code.hsaco``: device code object, compile-only check
+=========  ===========================  ===================================================
+
+clang-19 does not know gfx950 (LLVM 20 added it), so gfx950 needs ROCm's hipcc or a newer clang
+set through ``AITER_MLA_CLANG``.
+
+A compiler's identity is its path and ``--version`` output. The output is remembered on disk
+by (path, size, mtime), so a warm cache hit in a new process starts no subprocess (CuPy's nvcc
+backend spends 0.42 s per process re-running nvcc for its key).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import env
+from ..arch import AMD_ARCHS, NVIDIA_ARCHS
+
+#: The key-changing env vars each toolchain reads (their values enter the key of its builds).
+KEY_ENV = {
+    "nvcc": ("AITER_MLA_EXTRA_NVCC_FLAGS", "AITER_MLA_LINEINFO"),
+    "hipcc": ("AITER_MLA_EXTRA_HIP_FLAGS", "AITER_MLA_LINEINFO"),
+    "clang": ("AITER_MLA_EXTRA_HIP_FLAGS", "AITER_MLA_LINEINFO"),
+}
+
+#: ELF ``e_flags & 0xff`` (EF_AMDGPU_MACH) of each AMD target, checked on every code object.
+_AMDGPU_MACH = {"gfx942": 0x4C, "gfx950": 0x4F}
+_EM_AMDGPU = 224
+_HOST_EM = {"x86_64": 62, "aarch64": 183, "ppc64le": 21}
+
+
+class ToolchainError(RuntimeError):
+    """No usable compiler for an arch; the message says what to install or which variable to set."""
+
+
+class BuildError(RuntimeError):
+    """A compile failed or produced an unusable artifact.
+
+    Attributes: ``variant`` (readable name), ``params``, ``source_path`` (the rendered source,
+    kept for inspection), ``command``, ``returncode``, ``stderr_tail``.
+    """
+
+    def __init__(self, message: str, *, variant: str, params: dict, source_path: Path,
+                 command: list[str], returncode: int | None, stderr_tail: str):
+        super().__init__(message)
+        self.variant = variant
+        self.params = dict(params)
+        self.source_path = source_path
+        self.command = list(command)
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+
+
+@dataclass(frozen=True)
+class Compiler:
+    """One found compiler. ``loadable`` says whether its artifact is a host library that
+    ctypes can load (False for the clang compile-only check)."""
+
+    kind: str
+    path: str
+    version: str
+
+    @property
+    def loadable(self) -> bool:
+        return self.kind != "clang"
+
+    @property
+    def artifact_name(self) -> str:
+        return "lib.so" if self.loadable else "code.hsaco"
+
+    def identity(self) -> dict[str, str]:
+        """The compiler's part of the cache key."""
+        return {"kind": self.kind, "path": self.path, "version": self.version}
+
+    def arch_flags(self, arch: str) -> list[str]:
+        """Target flags: one exact SASS target for NVIDIA (no PTX, so nothing is JIT-compiled
+        by the driver at load), ``--offload-arch`` for AMD."""
+        if self.kind == "nvcc":
+            num = arch[len("sm_"):]
+            return [f"-gencode=arch=compute_{num},code={arch}"]
+        flags = [f"--offload-arch={arch}"]
+        if self.kind == "clang":
+            flags.append("--no-gpu-bundle-output")  # a plain AMDGPU ELF, not an offload bundle
+        return flags
+
+    def env_flags(self) -> list[str]:
+        """Flags that come from key-changing env vars (see :data:`KEY_ENV`)."""
+        if self.kind == "nvcc":
+            extra = shlex.split(env.get("AITER_MLA_EXTRA_NVCC_FLAGS") or "")
+            lineinfo = ["-lineinfo"]
+        else:
+            extra = shlex.split(env.get("AITER_MLA_EXTRA_HIP_FLAGS") or "")
+            lineinfo = ["-gline-tables-only"]
+        return (lineinfo if env.get_flag("AITER_MLA_LINEINFO") else []) + extra
+
+    def command(self, flags: list[str], source: Path, output: Path,
+                include_dirs: list[Path]) -> list[str]:
+        """The full command line; ``flags`` are the normalized flags that enter the key
+        (paths stay out of the key: their contents are hashed instead)."""
+        incs = [f"-I{d}" for d in include_dirs]
+        return [self.path, *flags, *incs, str(source), "-o", str(output)]
+
+
+def _first_executable(candidates: list[tuple[str, str | None]]) -> tuple[str, str] | None:
+    for origin, path in candidates:
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return origin, path
+    return None
+
+
+def _find_nvcc() -> str:
+    explicit = env.get("AITER_MLA_NVCC")
+    if explicit:
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+            raise ToolchainError(f"AITER_MLA_NVCC={explicit!r} is not an executable file")
+        return explicit
+    cands = [(var, os.path.join(env.get(var), "bin", "nvcc") if env.get(var) else None)
+             for var in ("CUDA_HOME", "CUDA_PATH")]
+    cands += [("PATH", shutil.which("nvcc")), ("default", "/usr/local/cuda/bin/nvcc")]
+    found = _first_executable(cands)
+    if found is None:
+        raise ToolchainError(
+            "nvcc not found (needed for sm_90a): install the CUDA toolkit (12.3 or newer), then "
+            "set AITER_MLA_NVCC to the nvcc binary, or CUDA_HOME to the toolkit root, "
+            "or put nvcc on PATH"
+        )
+    return found[1]
+
+
+def _find_hipcc() -> str | None:
+    explicit = env.get("AITER_MLA_HIPCC")
+    if explicit:
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+            raise ToolchainError(f"AITER_MLA_HIPCC={explicit!r} is not an executable file")
+        return explicit
+    rocm = env.get("ROCM_PATH")
+    found = _first_executable([
+        ("ROCM_PATH", os.path.join(rocm, "bin", "hipcc") if rocm else None),
+        ("default", "/opt/rocm/bin/hipcc"),
+        ("PATH", shutil.which("hipcc")),
+    ])
+    return found[1] if found else None
+
+
+def _find_clang() -> str | None:
+    explicit = env.get("AITER_MLA_CLANG")
+    if explicit:
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+            raise ToolchainError(f"AITER_MLA_CLANG={explicit!r} is not an executable file")
+        return explicit
+    return shutil.which("clang-19")
+
+
+def clang_major(version_text: str) -> int | None:
+    """The major version in ``clang --version`` output (``Debian clang version 19.1.7``)."""
+    m = re.search(r"clang version (\d+)", version_text)
+    return int(m.group(1)) if m else None
+
+
+def find_compiler(arch: str, identity_dir: Path | None) -> Compiler:
+    """The compiler that builds ``arch``, with its identity. ``identity_dir`` holds the
+    remembered ``--version`` outputs (None: remember in this process only).
+
+    Raises :class:`ToolchainError` naming what to install or which variable to set.
+    """
+    if arch in NVIDIA_ARCHS:
+        path = _find_nvcc()
+        return Compiler("nvcc", path, compiler_version(path, identity_dir))
+    if arch not in AMD_ARCHS:
+        raise ToolchainError(f"no toolchain for arch {arch!r}")
+    hipcc = _find_hipcc()
+    if hipcc:
+        return Compiler("hipcc", hipcc, compiler_version(hipcc, identity_dir))
+    clang = _find_clang()
+    if clang is None:
+        raise ToolchainError(
+            f"no AMD toolchain for {arch}: install ROCm (hipcc; set ROCM_PATH or AITER_MLA_HIPCC) "
+            f"to build loadable modules, or Debian's clang-19 and lld-19 "
+            f"(apt-get install clang-19 lld-19; or set AITER_MLA_CLANG) for the gfx942 "
+            f"compile-only check"
+        )
+    version = compiler_version(clang, identity_dir)
+    major = clang_major(version)
+    if arch == "gfx950" and (major is None or major < 20):
+        raise ToolchainError(
+            f"gfx950 needs a newer toolchain than clang {major} at {clang} (LLVM added gfx950 "
+            f"in clang 20): install ROCm 6.3+ (hipcc; set ROCM_PATH or AITER_MLA_HIPCC) or "
+            f"set AITER_MLA_CLANG to clang 20 or newer"
+        )
+    return Compiler("clang", clang, version)
+
+
+_versions: dict[tuple, str] = {}
+
+
+def compiler_version(path: str, identity_dir: Path | None) -> str:
+    """``path --version`` output, remembered in-process and on disk under ``identity_dir``
+    by the binary's (path, size, mtime); a changed binary is probed again."""
+    import subprocess  # only the first probe of a compiler runs it
+
+    st = os.stat(path)
+    stamp = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    version = _versions.get(stamp)
+    if version is not None:
+        return version
+    record = None
+    if identity_dir is not None:
+        record = identity_dir / (hashlib.sha256(stamp[0].encode()).hexdigest()[:32] + ".json")
+        try:
+            saved = json.loads(record.read_text())
+            if [saved["path"], saved["size"], saved["mtime_ns"]] == list(stamp):
+                _versions[stamp] = saved["version"]
+                return saved["version"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    try:
+        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=120,
+                              env=env.child_environ())
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ToolchainError(f"could not run {path} --version: {exc}") from None
+    if proc.returncode != 0:
+        raise ToolchainError(
+            f"{path} --version failed with exit status {proc.returncode}: "
+            f"{(proc.stderr or proc.stdout).strip()[-500:]}"
+        )
+    version = (proc.stdout + proc.stderr).strip()
+    _versions[stamp] = version
+    if record is not None:
+        from .cache import atomic_write_text  # noqa: PLC0415 (cache imports this module)
+
+        atomic_write_text(record, json.dumps(
+            {"path": stamp[0], "size": stamp[1], "mtime_ns": stamp[2], "version": version}),
+            best_effort=True)
+    return version
+
+
+def run_compiler(command: list[str], cwd: Path, log_path: Path) -> tuple[int, str]:
+    """Run a build; write its command and output to ``log_path``; return (exit status, output)."""
+    import subprocess
+
+    if env.get_flag("AITER_MLA_VERBOSE"):
+        print("aiter_mla: " + shlex.join(command), file=sys.stderr)
+    try:
+        proc = subprocess.run(command, cwd=str(cwd), capture_output=True, text=True,
+                              env=env.child_environ())
+        rc, out = proc.returncode, proc.stdout + proc.stderr
+    except OSError as exc:
+        rc, out = 127, f"could not start {command[0]}: {exc}"
+    log_path.write_text("$ " + shlex.join(command) + "\n" + out)
+    return rc, out
+
+
+def check_artifact(path: Path, compiler: Compiler, arch: str) -> str | None:
+    """None when ``path`` is a complete ELF of the expected kind, else the reason it is not.
+
+    Catches a truncated file (section headers lie past the end, where ELF writers put them)
+    and a wrong target (host machine for a ``.so``, EF_AMDGPU_MACH for a code object).
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            size = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        return "the compiler wrote no output file"
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return f"not a 64-bit little-endian ELF file ({size} bytes)"
+    e_type, e_machine = struct.unpack_from("<HH", head, 16)
+    e_shoff = struct.unpack_from("<Q", head, 40)[0]
+    e_flags = struct.unpack_from("<I", head, 48)[0]
+    e_shentsize, e_shnum = struct.unpack_from("<HH", head, 58)
+    if e_type != 3:
+        return f"ELF type {e_type} is not a shared object"
+    if e_shoff == 0 or e_shoff + e_shentsize * e_shnum > size:
+        return f"truncated: section headers end past the file's {size} bytes"
+    if compiler.loadable:
+        import platform
+
+        want = _HOST_EM.get(platform.machine())
+        if want is not None and e_machine != want:
+            return f"ELF machine {e_machine} is not this host's ({want})"
+    else:
+        if e_machine != _EM_AMDGPU:
+            return f"ELF machine {e_machine} is not AMDGPU ({_EM_AMDGPU})"
+        mach = e_flags & 0xFF
+        if mach != _AMDGPU_MACH.get(arch):
+            return f"code object is for EF_AMDGPU_MACH {mach:#x}, not {arch}"
+    return None

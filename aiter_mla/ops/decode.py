@@ -1,0 +1,491 @@
+"""MLA decode ops: ``hk_mla_decode_fwd`` (the persistent split-KV kernel) and ``mla_decode_fwd``
+(AITER's public entry: plan if needed, decode, reduce).
+
+Both follow AITER PR #3072 (``aiter/mla.py``, ``csrc/kernels/mla/hk_decode_fwd.cu``; spec
+sections 3 and 6) with its defects fixed (spec 3.5): ragged q lengths never read or write past
+their batch, ``final_lse`` is written for unsplit works too, every row of every work is written
+(fully masked rows: 0 / LSE +inf, split pieces 0 / -inf), and ``q_scale`` / ``kv_scale`` are
+honoured (real value = stored x scale).
+
+Supported (``SUPPORTED_SHAPES``, ``SUPPORTED_DTYPES``): heads x qlen of 128 on a 128-row tile
+(two 64-row CTAs per work on sm_90a), 64 on a 64-row tile, and (16,1), (32,1), (16,2) on the
+64-row tile with padded rows; q/kv both fp8 e4m3fn or both bf16; output bf16; page_size any
+power of two 1..256 (the kernel reads it from ``kv_buffer.shape[1]``, as AITER's HK entry does).
+
+Numerics (kernel: templates/mla_decode.cu.j2 + templates/common/mla_decode_sm90.cuh): scores
+= q.k over 576 dims (tensor cores, fp32 accumulate) x q_scale x kv_scale x sm_scale; exp2-based
+online softmax; P is rounded to fp16 (fp8 KV, whose V converts to fp16 exactly) or bf16 (bf16
+KV) before P.V, which is more accurate than AITER's fp8 P; output = (P.V) x kv_scale / l in
+bf16; LSE natural log. Measured on the H200: relative L2 vs float64 about 1.7e-3 (fp8) and
+2.0e-3 (bf16). On sm_90a ``mma.sync`` e4m3 is lowered by ptxas to fp8->fp16 unpacks plus two
+HMMA.16816 (no native fp8 mma.sync); the fp8 tensor-core path there is wgmma (a later issue).
+
+Eager input checks are skipped while a CUDA graph is being captured and under torch.compile.
+Index *values* (qo_indptr, kv_indptr, kv_indices, kv_last_page_lens) live on the device, so
+checking them costs one device-to-host read; it is done once per distinct set of index tensors
+(keyed by their storage and in-place version counters), so the many layers of one decode step
+that share the same indices pay it once, and CUDA-graph replays pay nothing.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from typing import Optional
+
+import torch
+
+from .. import arch
+from ..arch import QK_HEAD_DIM, V_HEAD_DIM
+from ..work_info import WORK_INFO_INTS
+from . import metadata
+from .reduce import mla_reduce_v1
+
+__all__ = [
+    "SUPPORTED_SHAPES",
+    "SUPPORTED_DTYPES",
+    "decode_variant",
+    "hk_mla_decode_fwd",
+    "mla_decode_fwd",
+]
+
+#: (num_heads, max_seqlen_q) -> block_m. 128-row shapes use m16x8 (two 64-row CTAs on sm_90a),
+#: 64-row shapes m16x4; (16,1), (32,1), (16,2) run on the 64-row tile with padded rows.
+SUPPORTED_SHAPES = {
+    (128, 1): 128, (64, 2): 128, (32, 4): 128, (16, 8): 128,
+    (64, 1): 64, (32, 2): 64, (16, 4): 64,
+    (16, 1): 64, (32, 1): 64, (16, 2): 64,
+}
+
+#: torch dtype -> template name. q and kv must be the same (fp8/fp8 or bf16/bf16).
+SUPPORTED_DTYPES = {torch.float8_e4m3fn: "fp8", torch.bfloat16: "bf16"}
+
+#: KV tokens per main-loop step of the mma main loop. bf16 uses 32: with block_n 64 its Q + two
+#: padded KV stages + P tile need 234,496 B of shared memory, over the 232,448 B (227 KB) an
+#: sm_90 CTA may use. The wgmma main loop always runs block_n 64 (unpadded tiles fit).
+BLOCK_N = {"fp8": 64, "bf16": 32}
+
+#: Main loops of the sm_90a kernel: "mma" (mma.sync + ldmatrix) and "wgmma" (warpgroup MMAs on
+#: shared-memory descriptors; fp8 QK runs on the native e4m3 tensor-core path).
+MAINLOOPS = ("mma", "wgmma")
+
+#: dtype -> the main loop ``decode_variant`` picks when none is asked for.
+DEFAULT_MAINLOOP = {"fp8": "mma", "bf16": "mma"}
+
+_DEFAULT_SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
+
+_ARGTYPES = [ctypes.c_void_p] * 12 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_void_p]
+
+try:  # a fraction of a microsecond, against several for torch.cuda.current_stream(i).cuda_stream
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+except AttributeError:  # pragma: no cover
+    def _raw_stream(index):
+        return torch.cuda.current_stream(index).cuda_stream
+
+_launched: set[tuple[str, int]] = set()      # (module key, device) launched at least once
+_validated: dict[tuple, None] = {}            # index-tensor sets whose values were checked
+_lock = threading.Lock()
+
+
+def _supported_text() -> str:
+    shapes = ", ".join(f"({h},{q})" for h, q in SUPPORTED_SHAPES)
+    return (f"supported (num_heads, max_seqlen_q): {shapes}; q/kv dtypes: fp8 e4m3fn/fp8 e4m3fn "
+            f"or bf16/bf16; page_size: a power of two in 1..256")
+
+
+def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: torch.dtype,
+                   kv_dtype: torch.dtype, mainloop: Optional[str] = None) -> dict:
+    """The ``mla_decode`` template parameters for a problem shape (the JIT variant).
+
+    Returns a dict for ``aiter_mla.jit.get_module("mla_decode", **params)``: arch sm_90a,
+    block_m 128 or 64, page_size, block_n (mma: 64 fp8 / 32 bf16; wgmma: 64), mask ``causal``
+    when max_seqlen_q > 1 else ``none``, q_dtype / kv_dtype, mainloop (``mainloop`` if given,
+    one of ``MAINLOOPS``, else ``DEFAULT_MAINLOOP[dtype]``).
+
+    Raises NotImplementedError (listing what is supported) for any other shape or dtype pair,
+    ValueError for an unknown ``mainloop``.
+    """
+    key = (int(num_heads), int(max_seqlen_q))
+    if key not in SUPPORTED_SHAPES:
+        raise NotImplementedError(
+            f"mla decode: (num_heads, max_seqlen_q) = {key} is not supported; {_supported_text()}")
+    if q_dtype not in SUPPORTED_DTYPES or kv_dtype != q_dtype:
+        raise NotImplementedError(
+            f"mla decode: q dtype {q_dtype} with kv dtype {kv_dtype} is not supported; "
+            f"{_supported_text()}")
+    if not (1 <= page_size <= 256 and page_size & (page_size - 1) == 0):
+        raise NotImplementedError(
+            f"mla decode: page_size {page_size} is not supported; {_supported_text()}")
+    dt = SUPPORTED_DTYPES[q_dtype]
+    loop = DEFAULT_MAINLOOP[dt] if mainloop is None else mainloop
+    if loop not in MAINLOOPS:
+        raise ValueError(f"mainloop must be one of {MAINLOOPS}, got {mainloop!r}")
+    return dict(arch="sm_90a", block_m=SUPPORTED_SHAPES[key], page_size=int(page_size),
+                block_n=BLOCK_N[dt] if loop == "mma" else 64,
+                mask="causal" if max_seqlen_q > 1 else "none", q_dtype=dt, kv_dtype=dt,
+                mainloop=loop)
+
+
+# ---------------------------------------------------------------------------------------------
+# checks
+
+
+def _capturing(device: torch.device) -> bool:
+    if device.index is None or device.index == torch.cuda.current_device():
+        return torch.cuda.is_current_stream_capturing()
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
+def _check_tensor(t, name: str, dtype, device: torch.device, dim: Optional[int] = None,
+                  contiguous: bool = True) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device} (where query is), got {t.device}")
+    if dim is not None and t.dim() != dim:
+        raise ValueError(f"{name} must have {dim} dimensions, got shape {tuple(t.shape)}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (shape {tuple(t.shape)}, stride {t.stride()})")
+
+
+def _check_scale(t, name: str, device: torch.device) -> None:
+    if t is None:
+        return
+    _check_tensor(t, name, torch.float32, device)
+    if t.numel() != 1:
+        raise ValueError(f"{name} must hold 1 element (per-tensor scale), got shape {tuple(t.shape)}")
+
+
+def _index_key(*ts: torch.Tensor) -> tuple:
+    return tuple((t.data_ptr(), t._version, t.numel()) for t in ts)
+
+
+def _check_index_values(qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, total_q: int,
+                        num_pages: int, page_size: int) -> None:
+    """One device->host read validating index values; cached per (tensors, versions)."""
+    key = _index_key(qo_indptr, kv_indptr, kv_indices, kv_last_page_lens) + (total_q, num_pages, page_size)
+    if key in _validated:
+        return
+    B = qo_indptr.numel() - 1
+    pages = kv_indptr[1:] - kv_indptr[:-1]
+    last = kv_last_page_lens[:B]
+    idx_pos = torch.arange(kv_indices.numel(), device=kv_indices.device)
+    bad_idx = (idx_pos < kv_indptr[-1]) & ((kv_indices < 0) | (kv_indices >= num_pages))
+    stats = torch.stack([
+        qo_indptr[0].long(), qo_indptr[-1].long(),
+        (qo_indptr[1:] < qo_indptr[:-1]).sum(),
+        kv_indptr[0].long(), kv_indptr[-1].long(),
+        (pages < 0).sum(),
+        ((pages > 0) & ((last < 1) | (last > page_size))).sum(),
+        bad_idx.sum(),
+        (bad_idx.cumsum(0) == 0).sum(),   # position of the first bad index
+    ]).tolist()
+    q0, qend, q_desc, k0, kend, k_desc, bad_last, n_bad_idx, first_bad = stats
+    if q0 != 0:
+        raise ValueError(f"qo_indptr[0] must be 0, got {q0}")
+    if qend != total_q:
+        raise ValueError(f"qo_indptr[-1] must equal the q rows (query.shape[0] = {total_q}), got {qend}")
+    if q_desc:
+        raise ValueError("qo_indptr must be non-decreasing")
+    if k0 != 0:
+        raise ValueError(f"kv_indptr[0] must be 0, got {k0}")
+    if k_desc:
+        raise ValueError("kv_indptr must be non-decreasing")
+    if kend > kv_indices.numel():
+        raise ValueError(f"kv_indptr[-1] = {kend} exceeds len(kv_indices) = {kv_indices.numel()}")
+    if bad_last:
+        lasts = last.tolist()
+        pg = pages.tolist()
+        b = next(i for i in range(B) if pg[i] > 0 and not 1 <= lasts[i] <= page_size)
+        raise ValueError(f"kv_last_page_lens[{b}] = {lasts[b]} must be in [1, page_size={page_size}] "
+                         f"for a batch with {pg[b]} page(s)")
+    if n_bad_idx:
+        raise ValueError(f"kv_indices[{first_bad}] = {int(kv_indices[first_bad])} is outside "
+                         f"[0, num_pages={num_pages}) ({n_bad_idx} bad entries in use)")
+    with _lock:
+        if len(_validated) > 4096:
+            _validated.clear()
+        _validated[key] = None
+
+
+def _check_plan(work_info_set, work_indptr, num_heads: int, max_seqlen_q: int, page_size: int,
+                batch: int, device: torch.device) -> None:
+    """The schedule must have been planned for this shape (metadata.lookup_plan). A schedule
+    for fewer clusters than the launch would leave works unrun: checked here too."""
+    plan = metadata.lookup_plan(work_info_set)
+    if plan is None:
+        return  # not planned by get_mla_metadata_v1 in this process (e.g. hand-built): trusted
+    want = dict(num_heads=num_heads, max_seqlen_qo=max_seqlen_q, page_size=page_size,
+                batch_size=batch, num_clusters=arch.num_clusters(num_heads, max_seqlen_q, device=device),
+                work_indptr_ptr=work_indptr.data_ptr())
+    for field, value in want.items():
+        got = getattr(plan, field)
+        if int(got) != int(value):
+            what = "a different work_indptr buffer" if field == "work_indptr_ptr" else f"{field}={got}"
+            raise ValueError(f"work_info_set was planned with {what} but this call has "
+                             f"{field}={value}; re-run get_mla_metadata_v1 for this shape")
+
+
+# ---------------------------------------------------------------------------------------------
+# launch
+
+
+def _launch(query, kv_buffer, kv_indices, kv_last_page_lens, work_indptr, work_info_set,
+            split_output, split_lse, final_output, final_lse, q_scale, kv_scale,
+            max_seqlen_q: int, softmax_scale: float) -> None:
+    from ..jit import get_module
+
+    device = query.device
+    num_heads = int(query.shape[1])
+    params = decode_variant(num_heads, max_seqlen_q, int(kv_buffer.shape[1]), query.dtype, kv_buffer.dtype)
+    capturing = _capturing(device)
+    mod = get_module("mla_decode", **params)
+    if capturing and (mod.key, device.index) not in _launched:
+        raise RuntimeError(
+            f"mla decode variant {params} is used for the first time on {device} while a CUDA "
+            "graph is being captured; run the op once outside the capture (warm-up) first")
+    fn = mod.function("aiter_mla_decode", _ARGTYPES, ctypes.c_int)
+    clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device)
+    if work_indptr.numel() < clusters + 1:
+        raise ValueError(f"work_indptr must hold num_clusters + 1 = {clusters + 1} entries "
+                         f"(aiter_mla.arch.num_clusters), got {work_indptr.numel()}")
+    stream = _raw_stream(device.index)
+
+    def ptr(t):
+        return None if t is None else t.data_ptr()
+
+    rc = fn(ptr(query), ptr(kv_buffer), ptr(kv_indices), ptr(kv_last_page_lens), ptr(work_indptr),
+            ptr(work_info_set), ptr(final_output), ptr(final_lse), ptr(split_output), ptr(split_lse),
+            ptr(q_scale), ptr(kv_scale), float(softmax_scale), num_heads, clusters, device.index, stream)
+    if rc != 0:
+        err = mod.function("aiter_mla_error_string", [ctypes.c_int], ctypes.c_char_p)(rc)
+        raise RuntimeError(f"mla decode launch failed ({params}): CUDA error {rc}: "
+                           f"{err.decode() if err else '?'}")
+    if not capturing:
+        _launched.add((mod.key, device.index))
+
+
+@torch.library.custom_op(
+    "aiter_mla::hk_mla_decode_fwd",
+    mutates_args=("split_output", "split_lse", "final_output", "final_lse"),
+    device_types="cuda",
+)
+def _hk_mla_decode_op(query: torch.Tensor, kv_buffer: torch.Tensor, kv_page_indices: torch.Tensor,
+                      kv_last_page_lens: torch.Tensor, work_indptr: torch.Tensor,
+                      work_info_set: torch.Tensor, max_seqlen_q: int, softmax_scale: float,
+                      split_output: torch.Tensor, split_lse: torch.Tensor, final_output: torch.Tensor,
+                      q_scale: Optional[torch.Tensor], kv_scale: Optional[torch.Tensor],
+                      final_lse: Optional[torch.Tensor]) -> None:
+    _launch(query, kv_buffer, kv_page_indices, kv_last_page_lens, work_indptr, work_info_set,
+            split_output, split_lse, final_output, final_lse, q_scale, kv_scale, max_seqlen_q,
+            softmax_scale)
+
+
+@_hk_mla_decode_op.register_fake
+def _(query, kv_buffer, kv_page_indices, kv_last_page_lens, work_indptr, work_info_set,
+      max_seqlen_q, softmax_scale, split_output, split_lse, final_output, q_scale, kv_scale,
+      final_lse) -> None:
+    return None
+
+
+def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
+              work_indptr, work_info_set, max_seqlen_q, split_output, split_lse, final_output,
+              q_scale, kv_scale, final_lse) -> None:
+    if not isinstance(query, torch.Tensor):
+        raise TypeError(f"query must be a torch.Tensor, got {type(query).__name__}")
+    device = query.device
+    if device.type != "cuda":
+        raise ValueError(f"query must be a CUDA tensor, got device {device}")
+    if query.dim() != 3 or query.shape[2] != QK_HEAD_DIM:
+        raise ValueError(f"query must be [total_q, num_heads, {QK_HEAD_DIM}], got {tuple(query.shape)}")
+    total_q, num_heads = int(query.shape[0]), int(query.shape[1])
+    _check_tensor(query, "query", None, device)
+    _check_tensor(kv_buffer, "kv_buffer", None, device, dim=4)
+    if kv_buffer.shape[2] != 1 or kv_buffer.shape[3] != QK_HEAD_DIM:
+        raise ValueError(f"kv_buffer must be [num_pages, page_size, 1, {QK_HEAD_DIM}] (one KV head), "
+                         f"got {tuple(kv_buffer.shape)}")
+    page_size = int(kv_buffer.shape[1])
+    decode_variant(num_heads, int(max_seqlen_q), page_size, query.dtype, kv_buffer.dtype)
+    _check_tensor(final_output, "final_output", torch.bfloat16, device, dim=3)
+    if tuple(final_output.shape) != (total_q, num_heads, V_HEAD_DIM):
+        raise ValueError(f"final_output must be [{total_q}, {num_heads}, {V_HEAD_DIM}] (query rows, "
+                         f"heads, V dim), got {tuple(final_output.shape)}")
+    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr),
+                    ("kv_page_indices", kv_page_indices), ("kv_last_page_lens", kv_last_page_lens),
+                    ("work_indptr", work_indptr)):
+        _check_tensor(t, name, torch.int32, device, dim=1)
+    batch = qo_indptr.numel() - 1
+    if batch < 1:
+        raise ValueError(f"qo_indptr must have batch + 1 >= 2 entries, got {qo_indptr.numel()}")
+    if kv_indptr.numel() != batch + 1:
+        raise ValueError(f"kv_indptr must have batch + 1 = {batch + 1} entries like qo_indptr, "
+                         f"got {kv_indptr.numel()}")
+    if kv_last_page_lens.numel() < batch:
+        raise ValueError(f"kv_last_page_lens must have batch = {batch} entries, got {kv_last_page_lens.numel()}")
+    _check_tensor(work_info_set, "work_info_set", torch.int32, device, dim=2)
+    if work_info_set.shape[1] != WORK_INFO_INTS:
+        raise ValueError(f"work_info_set must be [num_works, {WORK_INFO_INTS}], got {tuple(work_info_set.shape)}")
+    _check_tensor(split_output, "split_output", torch.float32, device)
+    _check_tensor(split_lse, "split_lse", torch.float32, device)
+    if split_output.numel() % (num_heads * V_HEAD_DIM) != 0 or split_output.shape[-1] != V_HEAD_DIM:
+        raise ValueError(f"split_output must be [N, 1, {num_heads}, {V_HEAD_DIM}] fp32, got "
+                         f"{tuple(split_output.shape)}")
+    n_rows = split_output.numel() // V_HEAD_DIM
+    if split_lse.numel() != n_rows:
+        raise ValueError(f"split_lse must hold one value per split_output row ({n_rows}; shape "
+                         f"[N, 1, {num_heads}, 1]), got shape {tuple(split_lse.shape)}")
+    if final_lse is not None:
+        _check_tensor(final_lse, "final_lse", torch.float32, device)
+        if final_lse.numel() != total_q * num_heads:
+            raise ValueError(f"final_lse must be [{total_q}, {num_heads}], got {tuple(final_lse.shape)}")
+    _check_scale(q_scale, "q_scale", device)
+    _check_scale(kv_scale, "kv_scale", device)
+    _check_plan(work_info_set, work_indptr, num_heads, int(max_seqlen_q), page_size, batch, device)
+    _check_index_values(qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, total_q,
+                        int(kv_buffer.shape[0]), page_size)
+
+
+def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
+                      work_indptr, work_info_set, max_seqlen_q, softmax_scale, split_output,
+                      split_lse, final_output, *, q_scale=None, kv_scale=None, final_lse=None):
+    """Persistent split-KV MLA decode: runs every work of the schedule (AITER ``hk_mla_decode_fwd``).
+
+    Args:
+        query: [total_q, H, 576] fp8 e4m3fn or bf16, contiguous; (H, max_seqlen_q) in
+            ``SUPPORTED_SHAPES``.
+        kv_buffer: [num_pages, page_size, 1, 576], same dtype as query, contiguous; page_size is
+            read from ``kv_buffer.shape[1]`` (a power of two 1..256). V = first 512 columns.
+        qo_indptr, kv_indptr: [B+1] int32 (kv_indptr in pages); used by the checks only, the
+            kernel addresses everything through the work records.
+        kv_page_indices: [>= kv_indptr[-1]] int32 physical page ids.
+        kv_last_page_lens: [B] int32, tokens in each batch's last page (1..page_size).
+        work_indptr: [>= num_clusters + 1] int32; cluster i runs works work_indptr[i]..[i+1].
+        work_info_set: [num_works, 8] int32 work records (:mod:`aiter_mla.work_info`).
+        max_seqlen_q: int, the planned q length per batch (batches may be shorter: ragged).
+        softmax_scale: float, applied to q.k of the real values.
+        split_output: [N, 1, H, 512] fp32; split works write partial rows
+            (partial_qo_loc + t) * H + h (normalised partial O).
+        split_lse: [N, 1, H, 1] fp32; split works' partial LSE (natural log; -inf: no key).
+        final_output: [total_q, H, 512] bf16; unsplit works write their rows here.
+        q_scale, kv_scale: optional [1] fp32 per-tensor scales (real = stored x scale); None = 1.
+        final_lse: optional [total_q, H] fp32; unsplit works write their LSE (+inf: no key).
+
+    Returns None (outputs are written in place).
+
+    Raises TypeError / ValueError naming the argument for bad dtypes, devices, layouts, shapes or
+    index values (eager only), NotImplementedError for unsupported shapes/dtypes, RuntimeError
+    when the launch fails or a never-launched variant is first used inside CUDA-graph capture.
+
+    Source: AITER #3072 ``hk_mla_decode_fwd`` (``csrc/kernels/mla/hk_decode_fwd.cu``), spec
+    sections 6.1-6.6, plus the fixes of spec 3.5 / 5.6 and honoured scales.
+    """
+    if not torch.compiler.is_compiling():
+        if not _capturing(query.device if isinstance(query, torch.Tensor) else torch.device("cpu")):
+            _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
+                      work_indptr, work_info_set, max_seqlen_q, split_output, split_lse,
+                      final_output, q_scale, kv_scale, final_lse)
+        # Eager: straight to the launch (the custom-op dispatcher costs host time).
+        _launch(query, kv_buffer, kv_page_indices, kv_last_page_lens, work_indptr, work_info_set,
+                split_output, split_lse, final_output, final_lse, q_scale, kv_scale,
+                int(max_seqlen_q), float(softmax_scale))
+        return None
+    torch.ops.aiter_mla.hk_mla_decode_fwd(query, kv_buffer, kv_page_indices, kv_last_page_lens,
+                                          work_indptr, work_info_set, int(max_seqlen_q),
+                                          float(softmax_scale), split_output, split_lse,
+                                          final_output, q_scale, kv_scale, final_lse)
+    return None
+
+
+def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
+                   max_seqlen_q, page_size=1, nhead_kv=1, sm_scale=None, logit_cap=0.0,
+                   num_kv_splits=None, num_kv_splits_indptr=None, work_meta_data=None,
+                   work_indptr=None, work_info_set=None, reduce_indptr=None, reduce_final_map=None,
+                   reduce_partial_map=None, q_scale=None, kv_scale=None, intra_batch_mode=False,
+                   return_logits=False, return_lse=False):
+    """MLA decode attention, AITER's public entry (``aiter.mla.mla_decode_fwd``, persistent mode).
+
+    Writes ``o`` in place. When ``work_meta_data`` is None the schedule is planned here
+    (``get_mla_metadata_info_v1`` + ``get_mla_metadata_v1`` with
+    ``kv_granularity = default_kv_granularity(page_size)``); otherwise the given schedule
+    (``work_indptr``, ``work_info_set``, ``reduce_*``) is used. Then the decode kernel runs and
+    ``mla_reduce_v1`` merges split rows (always called; it skips unsplit tiles).
+
+    Args:
+        q: [total_q, H, 576] fp8 e4m3fn or bf16. kv_buffer: [num_pages, page_size, 1, 576], same
+            dtype. o: [total_q, H, 512] bf16 output.
+        qo_indptr, kv_indptr, kv_indices, kv_last_page_lens: int32 batch layout (kv in pages).
+        max_seqlen_q: int, q length per batch (AITER: uniform MTP length; shorter batches work).
+        page_size: must equal kv_buffer.shape[1]. nhead_kv: must be 1.
+        sm_scale: default 1/sqrt(576). logit_cap: must be <= 0 (unsupported, as AITER).
+        num_kv_splits, num_kv_splits_indptr, intra_batch_mode: accepted for AITER compatibility
+            and unused (as in AITER #3072's persistent path).
+        q_scale, kv_scale: optional [1] fp32 per-tensor scales (honoured).
+        return_logits: kept for AITER compatibility (logits are always returned).
+        return_lse: also return final_lse [total_q, H] fp32 (natural log; +inf for no key).
+
+    Returns:
+        (logits, final_lse): logits = the fp32 split-partial buffer [N, 1, H, 512] (AITER);
+        final_lse = [total_q, H] fp32 when return_lse else None.
+
+    Raises ValueError / TypeError naming the argument, NotImplementedError for unsupported
+    shapes or dtypes (listing what is supported).
+
+    Source: AITER #3072 ``aiter/mla.py`` ``mla_decode_fwd`` (spec section 3.3 steps C-E; no head
+    folding: every supported shape runs natively, which avoids the (64,2) fold mismatch of 3.5).
+    """
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q must be a [total_q, num_heads, {QK_HEAD_DIM}] tensor, got "
+                         f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+    if not isinstance(kv_buffer, torch.Tensor) or kv_buffer.dim() != 4:
+        raise ValueError(f"kv_buffer must be [num_pages, page_size, 1, {QK_HEAD_DIM}], got "
+                         f"{tuple(kv_buffer.shape) if isinstance(kv_buffer, torch.Tensor) else type(kv_buffer).__name__}")
+    if logit_cap is not None and logit_cap > 0:
+        raise NotImplementedError(f"logit_cap must be <= 0 (soft-capping is not supported), got {logit_cap}")
+    if nhead_kv != 1 or kv_buffer.shape[2] != 1:
+        raise NotImplementedError(f"nhead_kv must be 1 (MLA has one latent KV head), got nhead_kv={nhead_kv}, "
+                                  f"kv_buffer.shape[2]={kv_buffer.shape[2]}")
+    if int(page_size) != int(kv_buffer.shape[1]):
+        raise ValueError(f"page_size={page_size} does not match kv_buffer.shape[1]={kv_buffer.shape[1]}")
+    total_q, num_heads = int(q.shape[0]), int(q.shape[1])
+    max_seqlen_q = int(max_seqlen_q)
+    decode_variant(num_heads, max_seqlen_q, int(page_size), q.dtype, kv_buffer.dtype)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(int(kv_buffer.shape[3]))
+    device = q.device
+
+    if work_meta_data is None:
+        batch = qo_indptr.numel() - 1
+        info = metadata.get_mla_metadata_info_v1(
+            batch, max_seqlen_q, num_heads, q.dtype, kv_buffer.dtype, is_sparse=False,
+            fast_mode=True, num_kv_splits=32 if num_kv_splits is None else int(num_kv_splits),
+            intra_batch_mode=False)
+        (work_meta_data, work_indptr, work_info_set, reduce_indptr, reduce_final_map,
+         reduce_partial_map) = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in info]
+        metadata.get_mla_metadata_v1(
+            qo_indptr, kv_indptr, kv_last_page_lens, num_heads, 1, True, work_meta_data,
+            work_info_set, work_indptr, reduce_indptr, reduce_final_map, reduce_partial_map,
+            page_size=int(page_size), kv_granularity=metadata.default_kv_granularity(int(page_size)),
+            max_seqlen_qo=max_seqlen_q, uni_seqlen_qo=max_seqlen_q, fast_mode=True,
+            dtype_q=q.dtype, dtype_kv=kv_buffer.dtype)
+    else:
+        for name, t in (("work_indptr", work_indptr), ("work_info_set", work_info_set),
+                        ("reduce_indptr", reduce_indptr), ("reduce_final_map", reduce_final_map),
+                        ("reduce_partial_map", reduce_partial_map)):
+            if t is None:
+                raise ValueError(f"{name} must be given with work_meta_data (persistent mode)")
+
+    n_partial = int(reduce_partial_map.shape[0]) * max_seqlen_q
+    logits = torch.empty((n_partial, 1, num_heads, V_HEAD_DIM), dtype=torch.float32, device=device)
+    attn_lse = torch.empty((n_partial, 1, num_heads, 1), dtype=torch.float32, device=device)
+    final_lse = torch.empty((total_q, num_heads), dtype=torch.float32, device=device) if return_lse else None
+
+    hk_mla_decode_fwd(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr,
+                      work_info_set, max_seqlen_q, sm_scale, logits, attn_lse, o,
+                      q_scale=q_scale, kv_scale=kv_scale, final_lse=final_lse)
+    mla_reduce_v1(logits, attn_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
+                  max_seqlen_q, o, final_lse)
+    return logits, final_lse

@@ -1,0 +1,414 @@
+"""Split-KV work schedule: AITER's ``get_mla_metadata_info_v1`` / ``get_mla_metadata_v1``
+(fast mode, v1_2), filled on the device by the JIT module ``mla_metadata``.
+
+A *cluster* is AITER's term for one persistent work list (one entry of ``work_indptr``); the
+count comes from :func:`aiter_mla.arch.num_clusters`, the same function the decode launch uses.
+The schedule itself, its units and this package's fixes are described in
+:mod:`aiter_mla.ops.metadata_reference` (the CPU reference the kernel is tested against).
+
+Buffer bounds (why :func:`get_mla_metadata_info_v1` never under-sizes). Let B batches, C
+clusters and N <= C the clusters the payload is spread over. Put every batch's cost
+``blocks_b + OVH`` end to end; a cluster starts at a position p in that line and, with
+``delta = ceil(sum / N)``, either cuts the batch at p + delta, stops at a batch boundary in
+[p + delta, p + delta + OVH], or takes the rest of a batch (tail rule). Each cluster therefore
+advances p by >= delta, so N clusters always reach the end (nothing is left unassigned), and
+each cluster makes at most one cut, never the last cluster used. Hence cuts K <= N - 1,
+works = B + K <= B + N - 1, and reduce entries = K + (#split batches) <= min(2K, K + B)
+<= min(2(N - 1), B + N - 1). Zero-length batches cost OVH and are never cut, so the bound holds
+for them too.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from .. import arch as _arch
+from .metadata_reference import (
+    check_scalars,
+    num_splits_for,
+    overhead_blocks,
+    reference_schedule,
+    to_buffers,
+)
+from ..work_info import WORK_INFO_INTS
+
+__all__ = [
+    "default_kv_granularity",
+    "max_works",
+    "max_partial_entries",
+    "get_mla_metadata_info_v1",
+    "get_mla_metadata_v1",
+    "PlanRecord",
+    "lookup_plan",
+]
+
+#: Threads of the one metadata CTA on sm_90a (the walk itself is one warp).
+_THREADS = 512
+
+
+def default_kv_granularity(page_size: int) -> int:
+    """Pages per cost block for the decode op's plans: ``max(1, 64 // page_size)``.
+
+    64 tokens is one KV tile of the decode kernel (block_n 64), so a cut never splits a tile
+    and a piece's cost counts whole tiles. (AITER's test passes ``max(page_size, 16)``, which at
+    page 64 is 4096 tokens per block: coarse splits.) Raises ValueError for a page size that is
+    not a power of two.
+    """
+    if page_size < 1 or page_size & (page_size - 1):
+        raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
+    return max(1, 64 // page_size)
+
+
+def max_works(batch_size: int, num_clusters: int) -> int:
+    """Most work records any schedule of ``batch_size`` batches over ``num_clusters`` clusters
+    can have: ``B + C - 1`` (module docstring has the proof)."""
+    return max(0, batch_size + num_clusters - 1)
+
+
+def max_partial_entries(batch_size: int, num_clusters: int) -> int:
+    """Most ``reduce_partial_map`` entries (= split pieces): ``min(B + C - 1, 2 (C - 1))``."""
+    return max(0, min(batch_size + num_clusters - 1, 2 * (num_clusters - 1)))
+
+
+def _unsupported_modes(*, is_sparse: bool, fast_mode: bool, intra_batch_mode: bool) -> None:
+    if is_sparse:
+        raise NotImplementedError("sparse MLA (is_sparse / topk >= 0) is not supported yet")
+    if intra_batch_mode:
+        raise NotImplementedError("intra_batch_mode (AITER v1_0) is not supported yet")
+    if not fast_mode:
+        raise NotImplementedError("fast_mode=False (AITER v1_1 scheduler) is not supported; "
+                                  "use fast_mode=True")
+
+
+def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype,
+                             is_sparse=False, fast_mode=True, num_kv_splits=32,
+                             intra_batch_mode=False):
+    """Shapes and dtypes of the six schedule buffers, in AITER's order (allocate each with
+    ``torch.empty(shape, dtype=dtype, device=...)``):
+
+    0. ``work_metadata_ptrs`` (2,) uint64
+    1. ``work_indptr`` (C + 1,) int32
+    2. ``work_info_set`` (B + C - 1, 8) int32
+    3. ``reduce_indptr`` (B + 1,) int32
+    4. ``reduce_final_map`` (B, 2) int32
+    5. ``reduce_partial_map`` (min(B + C - 1, 2 (C - 1)),) int32
+
+    B = ``batch_size`` (the most batches the buffers will be planned for), C =
+    :func:`aiter_mla.arch.num_clusters` (num_CU x occupancy; ``CU_NUM`` overrides num_CU).
+    One qo tile per batch, so ``num_head_qo * max_seqlen_qo`` must be <= 128. The decode op's
+    partial buffers need ``entries * max_seqlen_qo`` token rows. ``q_dtype``, ``kv_dtype`` and
+    ``num_kv_splits`` do not change the sizes (AITER uses them for gfx950-only shapes and for
+    intra-batch mode).
+
+    Source: AITER ``aiter/ops/attention.py`` (fast mode); the bounds are proven in this module's
+    docstring and tighter than AITER's only where AITER over-counts qo tiles.
+    Raises NotImplementedError for ``is_sparse``, ``intra_batch_mode``, ``fast_mode=False`` or
+    more than 128 rows per tile; ValueError for a negative batch size or non-positive lengths;
+    RuntimeError when no GPU is visible and ``CU_NUM`` is unset.
+    """
+    import torch
+
+    _unsupported_modes(is_sparse=is_sparse, fast_mode=fast_mode,
+                       intra_batch_mode=intra_batch_mode)
+    if batch_size < 0:
+        raise ValueError(f"batch_size must be >= 0, got {batch_size}")
+    check_scalars(num_heads=num_head_qo, num_clusters=1, page_size=1, kv_granularity=1,
+                  max_seqlen_qo=max_seqlen_qo, max_split_per_batch=-1)
+    nc = _arch.num_clusters(num_head_qo, max_seqlen_qo)
+    return [
+        ((2,), torch.uint64),
+        ((nc + 1,), torch.int32),
+        ((max_works(batch_size, nc), WORK_INFO_INTS), torch.int32),
+        ((batch_size + 1,), torch.int32),
+        ((batch_size, 2), torch.int32),
+        ((max_partial_entries(batch_size, nc),), torch.int32),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan records: what each filled work_info_set was planned for, so the decode op can check it.
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """The shape a schedule was planned for (recorded by :func:`get_mla_metadata_v1` and by
+    :func:`~aiter_mla.ops.metadata_reference.to_buffers`). ``num_heads`` = q heads per KV head;
+    dtypes are None when not given."""
+    num_heads: int
+    num_heads_k: int
+    max_seqlen_qo: int
+    page_size: int
+    kv_granularity: int
+    batch_size: int
+    num_clusters: int
+    num_splits: int
+    dtype_q: Any
+    dtype_kv: Any
+    work_indptr_ptr: int
+
+
+_plans: dict[tuple, tuple] = {}
+_plans_lock = threading.Lock()
+_PLANS_PURGE_AT = 256
+
+
+def _plan_key(t) -> tuple:
+    return (t.device.type, t.device.index, t.data_ptr())
+
+
+def _record_plan(work_info_set, work_indptr, **fields) -> PlanRecord:
+    rec = PlanRecord(work_indptr_ptr=work_indptr.data_ptr(), **fields)
+    key = _plan_key(work_info_set)
+    with _plans_lock:
+        if len(_plans) >= _PLANS_PURGE_AT:
+            for k in [k for k, (ref, _) in _plans.items() if ref() is None]:
+                del _plans[k]
+        _plans[key] = (weakref.ref(work_info_set), rec)
+    return rec
+
+
+def lookup_plan(work_info_set) -> PlanRecord | None:
+    """The :class:`PlanRecord` of the last schedule written into ``work_info_set`` (matched by
+    device and data pointer, while the tensor object that was filled is alive), else None."""
+    entry = _plans.get(_plan_key(work_info_set))
+    if entry is None or entry[0]() is None:
+        return None
+    return entry[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# get_mla_metadata_v1
+
+def _check_int32_vector(t, name: str, device) -> None:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise ValueError(f"{name} must be int32, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if t.numel() > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must have unit stride, got stride {t.stride(0)}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+
+
+def _check_buffer(t, name: str, dtype, min_rows: int, cols: int | None, device) -> None:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    if cols is None:
+        if t.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    elif t.dim() != 2 or t.shape[1] != cols:
+        raise ValueError(f"{name} must have shape (rows, {cols}), got {tuple(t.shape)}")
+    if t.shape[0] < min_rows:
+        raise ValueError(
+            f"{name} has {t.shape[0]} rows; this input needs >= {min_rows} "
+            "(allocate it from get_mla_metadata_info_v1 with batch_size >= the batch count)")
+
+
+class _Kernel:
+    """The loaded ``mla_metadata`` variant of one device: its entry points (ctypes)."""
+
+    def __init__(self, arch: str):
+        from ..jit import get_module
+
+        mod = get_module("mla_metadata", arch=arch)
+        vp, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        self.launch = mod.function(
+            "aiter_mla_get_metadata_v1",
+            [vp, vp, vp,                    # qo_indptr, kv_indptr, kv_last_page_lens
+             vp, vp, vp, vp, vp, vp,        # metadata ptrs, work_indptr, work_info_set, reduce x3
+             i64, i64, i64, i64, i64,       # capacities
+             i32, i32, i32, i32, i32, i32, i32,  # B, C, N, page_size, G, OVH, tail threshold
+             vp, i32, vp],                  # scratch, device, stream
+            ctypes.c_int)
+        self.scratch_bytes = mod.function(
+            "aiter_mla_metadata_scratch_bytes", [i64, i64, i32, ctypes.POINTER(i64)], ctypes.c_int)
+        self.error_string = mod.function("aiter_mla_error_string", [i32], ctypes.c_char_p)
+        self._scratch_memo: dict[tuple, int] = {}
+
+    def scratch_for(self, nb: int, nc: int, device_index: int) -> int:
+        key = (nb, nc, device_index)
+        n = self._scratch_memo.get(key)
+        if n is None:
+            out = ctypes.c_int64(0)
+            rc = self.scratch_bytes(nb, nc, device_index, ctypes.byref(out))
+            if rc != 0:
+                raise RuntimeError(f"mla_metadata: {self.error_string(rc).decode()}")
+            n = self._scratch_memo[key] = out.value
+        return n
+
+
+try:  # a fraction of a microsecond, against several for torch.cuda.current_stream(i)
+    from torch._C import _cuda_getCurrentRawStream as _raw_stream
+except ImportError:  # pragma: no cover (CPU-only torch builds)
+    def _raw_stream(index):
+        import torch
+
+        return torch.cuda.current_stream(index).cuda_stream
+
+
+_kernels: dict[int, _Kernel] = {}
+_kernels_lock = threading.Lock()
+
+
+def _kernel(device_index: int) -> _Kernel:
+    k = _kernels.get(device_index)
+    if k is None:
+        import torch
+
+        with _kernels_lock:
+            k = _kernels.get(device_index)
+            if k is None:
+                with torch.cuda.device(device_index):
+                    arch = _arch.current_arch()
+                k = _kernels[device_index] = _Kernel(arch)
+    return k
+
+
+def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
+                        num_heads_per_head_k, num_heads_k, is_causal, work_metadata_ptrs,
+                        work_info_set, work_indptr, reduce_indptr, reduce_final_map,
+                        reduce_partial_map, page_size=1, kv_granularity=16, max_seqlen_qo=-1,
+                        uni_seqlen_qo=-1, fast_mode=True, topk=-1, max_split_per_batch=-1,
+                        intra_batch_mode=False, dtype_q=None, dtype_kv=None) -> None:
+    """Fill the six schedule buffers in place (AITER's argument order: ``work_info_set``
+    before ``work_indptr``).
+
+    Inputs (int32, unit stride, one device): ``seqlens_qo_indptr`` [B+1] (q tokens; ragged
+    lengths allowed, each in [1, max_seqlen_qo]), ``seqlens_kv_indptr`` [B+1] (**pages**,
+    non-decreasing; values must fit int32, so at page_size 1 the total KV is < 2**31 tokens),
+    ``kv_last_page_lens`` [>=B] (tokens in each batch's last page, 1..page_size; unused at page
+    size 1). ``kv_granularity``: pages per cost block (power of two; the decode op passes
+    :func:`default_kv_granularity`). ``max_seqlen_qo`` (or ``uni_seqlen_qo`` when it is -1)
+    must be given: reading it from ``qo_indptr`` would need a host sync. ``is_causal`` is
+    accepted and unused (as in AITER's v1_2). ``dtype_q``/``dtype_kv`` are recorded only.
+
+    On a CUDA device: one launch of the JIT kernel on the current stream; no host
+    synchronisation, so it can be captured in a CUDA graph. The host checks only shapes,
+    dtypes and devices; input *values* are not validated on this path (call
+    :func:`aiter_mla.ops.metadata_reference.validate_inputs` to check them; invalid values give
+    an invalid schedule, but the kernel never writes outside the buffers). On CPU tensors the
+    reference scheduler fills the buffers (and does validate values).
+
+    Writes: ``work_metadata_ptrs = (&work_indptr, &work_info_set)``; all of ``work_indptr``
+    (entries past C repeat the work count) and ``reduce_indptr`` (entries past B repeat the
+    entry count); the used rows of ``work_info_set`` (padding field 0);
+    ``reduce_final_map[:B]`` (every tile, split or not); the used entries of
+    ``reduce_partial_map``. Records a :class:`PlanRecord` for :func:`lookup_plan`.
+
+    Source: AITER ``get_mla_metadata_v1`` -> ``get_mla_metadata_v1_2_device`` (PR #3072), with
+    the fixes listed in :mod:`aiter_mla.ops.metadata_reference`.
+
+    Raises NotImplementedError for ``topk >= 0``, ``intra_batch_mode``, ``fast_mode=False`` or
+    ``num_heads_per_head_k * max_seqlen_qo > 128``; ValueError / TypeError for bad arguments
+    (named, with expected and actual values) or buffers too small for this input.
+    """
+    import torch
+
+    _unsupported_modes(is_sparse=topk is not None and topk >= 0, fast_mode=fast_mode,
+                       intra_batch_mode=intra_batch_mode)
+    if max_seqlen_qo is None or max_seqlen_qo <= 0:
+        if uni_seqlen_qo is None or uni_seqlen_qo <= 0:
+            raise ValueError(
+                "max_seqlen_qo (or uni_seqlen_qo) must be given as a positive int; reading it "
+                "from seqlens_qo_indptr would need a host synchronisation")
+        max_seqlen_qo = uni_seqlen_qo
+    elif uni_seqlen_qo is not None and uni_seqlen_qo > 0 and uni_seqlen_qo != max_seqlen_qo:
+        raise ValueError(f"uni_seqlen_qo={uni_seqlen_qo} (uniform q length) must equal "
+                         f"max_seqlen_qo={max_seqlen_qo}")
+    if num_heads_k < 1:
+        raise ValueError(f"num_heads_k must be >= 1, got {num_heads_k}")
+    if not isinstance(seqlens_kv_indptr, torch.Tensor):
+        raise TypeError(f"seqlens_kv_indptr must be a torch.Tensor, got "
+                        f"{type(seqlens_kv_indptr).__name__}")
+    device = seqlens_kv_indptr.device
+    _check_int32_vector(seqlens_kv_indptr, "seqlens_kv_indptr", device)
+    _check_int32_vector(seqlens_qo_indptr, "seqlens_qo_indptr", device)
+    _check_int32_vector(kv_last_page_lens, "kv_last_page_lens", device)
+    nb = seqlens_kv_indptr.numel() - 1
+    if nb < 0:
+        raise ValueError("seqlens_kv_indptr must have num_batches + 1 >= 1 entries, got 0")
+    if seqlens_qo_indptr.numel() != nb + 1:
+        raise ValueError(f"seqlens_qo_indptr must have {nb + 1} entries (as seqlens_kv_indptr), "
+                         f"got {seqlens_qo_indptr.numel()}")
+    if kv_last_page_lens.numel() < nb:
+        raise ValueError(f"kv_last_page_lens must have >= {nb} entries, got "
+                         f"{kv_last_page_lens.numel()}")
+
+    num_heads = num_heads_per_head_k * num_heads_k
+    nc = _arch.num_clusters(num_heads, max_seqlen_qo, num_heads_k,
+                            device=device if device.type == "cuda" else None)
+    check_scalars(num_heads=num_heads_per_head_k, num_clusters=nc, page_size=page_size,
+                  kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
+                  max_split_per_batch=max_split_per_batch)
+    nsplit = num_splits_for(nc, max_split_per_batch, nb)
+
+    _check_buffer(work_metadata_ptrs, "work_metadata_ptrs", torch.uint64, 2, None, device)
+    _check_buffer(work_indptr, "work_indptr", torch.int32, nc + 1, None, device)
+    _check_buffer(work_info_set, "work_info_set", torch.int32, max_works(nb, nsplit),
+                  WORK_INFO_INTS, device)
+    _check_buffer(reduce_indptr, "reduce_indptr", torch.int32, nb + 1, None, device)
+    _check_buffer(reduce_final_map, "reduce_final_map", torch.int32, nb, 2, device)
+    _check_buffer(reduce_partial_map, "reduce_partial_map", torch.int32,
+                  max_partial_entries(nb, nsplit), None, device)
+
+    if device.type == "cuda":
+        _launch(device, seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
+                work_metadata_ptrs, work_info_set, work_indptr, reduce_indptr, reduce_final_map,
+                reduce_partial_map, nb=nb, nc=nc, nsplit=nsplit, page_size=page_size,
+                kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo)
+    elif device.type == "cpu":
+        sched = reference_schedule(
+            seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
+            num_heads=num_heads_per_head_k, num_clusters=nc, page_size=page_size,
+            kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
+            max_split_per_batch=max_split_per_batch)
+        to_buffers(sched, (work_metadata_ptrs, work_indptr, work_info_set, reduce_indptr,
+                           reduce_final_map, reduce_partial_map))
+    else:
+        raise ValueError(f"tensors must be on a CUDA device or the CPU, got {device}")
+
+    _record_plan(work_info_set, work_indptr, num_heads=num_heads_per_head_k,
+                 num_heads_k=num_heads_k, max_seqlen_qo=max_seqlen_qo, page_size=page_size,
+                 kv_granularity=kv_granularity, batch_size=nb, num_clusters=nc,
+                 num_splits=nsplit, dtype_q=dtype_q if dtype_q is not None else torch.bfloat16,
+                 dtype_kv=dtype_kv if dtype_kv is not None else torch.bfloat16)
+
+
+def _launch(device, qo_indptr, kv_indptr, kv_last_page_lens, work_metadata_ptrs, work_info_set,
+            work_indptr, reduce_indptr, reduce_final_map, reduce_partial_map, *, nb, nc, nsplit,
+            page_size, kv_granularity, max_seqlen_qo) -> None:
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    k = _kernel(index)
+    scratch = None
+    need = k.scratch_for(nb, nc, index)
+    if need:
+        # Too large for shared memory: the kernel works in this global workspace instead
+        # (stream-ordered allocation: no sync, and captured graphs keep it alive).
+        scratch = torch.empty(need, dtype=torch.uint8, device=device)
+    stream = _raw_stream(index)
+    rc = k.launch(
+        qo_indptr.data_ptr(), kv_indptr.data_ptr(), kv_last_page_lens.data_ptr(),
+        work_metadata_ptrs.data_ptr(), work_indptr.data_ptr(), work_info_set.data_ptr(),
+        reduce_indptr.data_ptr(), reduce_final_map.data_ptr(), reduce_partial_map.data_ptr(),
+        work_indptr.numel(), work_info_set.shape[0], reduce_indptr.numel(),
+        reduce_final_map.shape[0], reduce_partial_map.numel(),
+        nb, nc, nsplit, page_size, kv_granularity, overhead_blocks(page_size), max_seqlen_qo,
+        scratch.data_ptr() if scratch is not None else None, index, stream)
+    if rc != 0:
+        raise RuntimeError(f"mla_metadata kernel launch failed: {k.error_string(rc).decode()}")

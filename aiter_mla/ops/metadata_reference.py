@@ -1,0 +1,335 @@
+"""Pure-Python reference of the split-KV work scheduler (AITER ``get_mla_metadata_v1``, fast
+mode ``v1_2``), runnable on the CPU.
+
+Written from the algorithm's *description* (spec §5.2/§5.3): a greedy that walks the clusters
+in order, gives each a budget of ``payload`` cost blocks, keeps taking whole batches while they
+fit and cuts the batch that does not fit at a ``kv_granularity`` boundary. The device kernel
+(``templates/mla_metadata.cu.j2``) computes the same schedule a different way (positions in a
+prefix-summed cost space, a list of cuts, then one thread per batch and per cut), so tests that
+compare the two check one against the other.
+
+Conventions (``docs/ARCHITECTURE.md``; units as AITER):
+
+* ``kv_indptr``, ``kv_start``, ``kv_end``, ``kv_granularity``: pages. ``kv_offset``: tokens.
+* cost of a batch = ``ceil(kv_pages / kv_granularity)`` blocks + ``OVH`` per piece,
+  ``OVH = max(1, ceil(16 / page_size))`` (AITER ``fixed_over_head_num_blocks``).
+* ``payload = ceil(sum_cost / num_splits) + OVH``,
+  ``num_splits = num_clusters`` if ``max_split_per_batch < 0`` else
+  ``min(num_clusters, max_split_per_batch * num_batches)`` (a *global* cap, as AITER).
+* One qo tile per batch (``num_heads * max_seqlen_qo <= 128``); ragged q lengths are read from
+  ``qo_indptr``: a split piece takes ``qlen_b`` partial rows, ``reduce_final_map[b] =
+  (qo_start_b, qo_end_b)``.
+* Tail rule (spec §5.6 fix): a cut is never made when it would leave fewer than
+  ``max_seqlen_qo`` KV tokens after it; the cluster takes the whole rest of the batch instead.
+  AITER applies this rule only at page_size 1; applying it to every page size means every q row
+  of every split piece sees at least one key, so no partial row is left for the decode kernel's
+  "no visible key" backstop (which still exists: ``ARCHITECTURE.md``).
+* A zero-length KV batch gets one unsplit work with ``kv_start == kv_end`` (the decode kernel
+  writes output 0 and final LSE +inf for its rows).
+* Every tile (= batch, in batch order) gets ``reduce_final_map[b] = (qo_start, qo_end)``, also
+  unsplit ones (AITER leaves those unwritten; writing them is harmless and deterministic).
+  Unsplit tiles have no reduce entries (``reduce_indptr[b+1] == reduce_indptr[b]``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..work_info import WI, WORK_INFO_INTS
+
+INT32_MAX = 2**31 - 1
+#: Query rows one qo tile holds (AITER ``kPackedQoLenPerWg``); larger shapes need qo splits.
+MAX_TILE_ROWS = 128
+
+
+def overhead_blocks(page_size: int) -> int:
+    """Per-piece overhead in cost blocks, ``max(1, ceil(16 / page_size))`` (AITER
+    ``fixed_over_head_num_blocks``): 16 at page_size 1, 1 from page_size 16 on."""
+    return max(1, -(-16 // page_size))
+
+
+def num_splits_for(num_clusters: int, max_split_per_batch: int, num_batches: int) -> int:
+    """Clusters the payload is spread over: ``num_clusters`` if ``max_split_per_batch < 0``,
+    else ``min(num_clusters, max_split_per_batch * num_batches)`` (AITER's global cap), at least 1.
+    """
+    if max_split_per_batch < 0:
+        return num_clusters
+    return max(1, min(num_clusters, max_split_per_batch * num_batches))
+
+
+def _is_pow2(x: int) -> bool:
+    return x >= 1 and (x & (x - 1)) == 0
+
+
+def check_scalars(*, num_heads: int, num_clusters: int, page_size: int, kv_granularity: int,
+                  max_seqlen_qo: int, max_split_per_batch: int) -> None:
+    """Raise ValueError / NotImplementedError for scalar arguments outside what the scheduler
+    supports (shared by the reference and the device op, so both reject the same inputs)."""
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+    if max_seqlen_qo < 1:
+        raise ValueError(
+            f"max_seqlen_qo must be >= 1 (the largest q length of any batch), got {max_seqlen_qo}")
+    if num_heads * max_seqlen_qo > MAX_TILE_ROWS:
+        raise NotImplementedError(
+            f"num_heads * max_seqlen_qo = {num_heads} * {max_seqlen_qo} = "
+            f"{num_heads * max_seqlen_qo} > {MAX_TILE_ROWS}: more than one qo tile per batch "
+            "(AITER kQoSplits) is not supported")
+    if num_clusters < 1:
+        raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
+    if not _is_pow2(page_size):
+        raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
+    if not _is_pow2(kv_granularity):
+        raise ValueError(f"kv_granularity must be a power of two >= 1 (pages), got {kv_granularity}")
+    if max_split_per_batch == 0:
+        raise ValueError("max_split_per_batch must be < 0 (no cap) or >= 1, got 0")
+
+
+def _as_list(x, name: str) -> list[int]:
+    if hasattr(x, "tolist"):
+        if getattr(x, "dim", lambda: 1)() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(x.shape)}")
+        x = x.detach().cpu().tolist() if hasattr(x, "detach") else x.tolist()
+    return [int(v) for v in x]
+
+
+def validate_inputs(qo_indptr, kv_indptr, kv_last_page_lens, *, page_size: int,
+                    max_seqlen_qo: int) -> tuple[list[int], list[int], list[int]]:
+    """Check the per-batch inputs' *values* (needs them on the host) and return them as lists.
+
+    Raises ValueError naming the argument, the expected and the actual value for:
+    ``len(qo_indptr) != len(kv_indptr)``; fewer than ``B`` last-page lengths; a negative first
+    entry; a decreasing ``kv_indptr``; a q length outside ``[1, max_seqlen_qo]``; a
+    ``kv_last_page_lens[b]`` outside ``[1, page_size]`` for a non-empty batch when
+    ``page_size > 1``; a value that does not fit int32; a batch with ``>= 2**31`` KV tokens.
+    """
+    qo = _as_list(qo_indptr, "qo_indptr")
+    kv = _as_list(kv_indptr, "kv_indptr")
+    lpl = _as_list(kv_last_page_lens, "kv_last_page_lens")
+    if len(kv) < 1:
+        raise ValueError("kv_indptr must have num_batches + 1 >= 1 entries, got 0")
+    nb = len(kv) - 1
+    if len(qo) != len(kv):
+        raise ValueError(
+            f"qo_indptr must have len(kv_indptr) = {len(kv)} entries, got {len(qo)}")
+    if len(lpl) < nb:
+        raise ValueError(f"kv_last_page_lens must have >= {nb} entries, got {len(lpl)}")
+    for name, arr in (("kv_indptr", kv), ("qo_indptr", qo)):
+        if arr[0] < 0:
+            raise ValueError(f"{name}[0] must be >= 0, got {arr[0]}")
+        if max(arr) > INT32_MAX:
+            raise ValueError(f"{name} values must fit int32 (<= {INT32_MAX}), got {max(arr)}")
+    for b in range(nb):
+        kvlen = kv[b + 1] - kv[b]
+        if kvlen < 0:
+            raise ValueError(
+                f"kv_indptr must be non-decreasing: kv_indptr[{b + 1}] = {kv[b + 1]} < "
+                f"kv_indptr[{b}] = {kv[b]}")
+        qlen = qo[b + 1] - qo[b]
+        if not 1 <= qlen <= max_seqlen_qo:
+            raise ValueError(
+                f"q length of batch {b} (qo_indptr[{b + 1}] - qo_indptr[{b}]) must be in "
+                f"[1, max_seqlen_qo={max_seqlen_qo}], got {qlen}")
+        if kvlen > 0 and page_size > 1:
+            if not 1 <= lpl[b] <= page_size:
+                raise ValueError(
+                    f"kv_last_page_lens[{b}] must be in [1, page_size={page_size}] for a "
+                    f"non-empty batch, got {lpl[b]}")
+            tokens = (kvlen - 1) * page_size + lpl[b]
+            if tokens > INT32_MAX:
+                raise ValueError(
+                    f"batch {b} has {tokens} KV tokens; kv_offset is int32, so a batch must "
+                    f"have < 2**31 tokens")
+    return qo, kv, lpl
+
+
+@dataclass
+class Schedule:
+    """A work schedule as plain Python values (the used prefixes of the six AITER buffers).
+
+    ``work_info[w]`` is an 8-tuple in :data:`aiter_mla.work_info.WORK_INFO_FIELDS` order.
+    ``cluster_cost[c]`` is cluster c's load in cost blocks (KV blocks + OVH per piece).
+    """
+    work_indptr: list[int]
+    work_info: list[tuple[int, ...]]
+    reduce_indptr: list[int]
+    reduce_final_map: list[tuple[int, int]]
+    reduce_partial_map: list[int]
+    num_heads: int
+    num_clusters: int
+    num_splits: int
+    page_size: int
+    kv_granularity: int
+    max_seqlen_qo: int
+    batch_size: int
+    overhead: int
+    payload: int
+    cluster_cost: list[int] = field(default_factory=list)
+
+    @property
+    def num_works(self) -> int:
+        return len(self.work_info)
+
+
+def reference_schedule(qo_indptr, kv_indptr, kv_last_page_lens, *, num_heads: int,
+                       num_clusters: int, page_size: int, kv_granularity: int,
+                       max_seqlen_qo: int, max_split_per_batch: int = -1) -> Schedule:
+    """The schedule AITER's fast-mode greedy (v1_2) produces, with this package's fixes.
+
+    Args: ``qo_indptr`` [B+1] (q tokens), ``kv_indptr`` [B+1] (pages),
+    ``kv_last_page_lens`` [>=B] (tokens in each batch's last page), as Python lists or tensors
+    on any device (read on the host). ``num_heads`` = q heads per KV head;
+    ``kv_granularity`` in pages; ``max_seqlen_qo`` >= every q length (it is also the tail
+    threshold in tokens).
+
+    Returns a :class:`Schedule`. Raises ValueError / NotImplementedError as
+    :func:`check_scalars` and :func:`validate_inputs`.
+    """
+    check_scalars(num_heads=num_heads, num_clusters=num_clusters, page_size=page_size,
+                  kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
+                  max_split_per_batch=max_split_per_batch)
+    qo, kv, lpl = validate_inputs(qo_indptr, kv_indptr, kv_last_page_lens,
+                                  page_size=page_size, max_seqlen_qo=max_seqlen_qo)
+    nb = len(kv) - 1
+    G = kv_granularity
+    ovh = overhead_blocks(page_size)
+    blocks = [-(-(kv[b + 1] - kv[b]) // G) for b in range(nb)]
+    total_cost = sum(blocks) + ovh * nb
+    nsplits = num_splits_for(num_clusters, max_split_per_batch, nb)
+    payload = -(-total_cost // nsplits) + ovh
+
+    def tokens_after(b: int, page: int) -> int:
+        """Real KV tokens of batch b at or after page index ``page`` (0 at the tail)."""
+        end = kv[b + 1]
+        if page >= end:
+            return 0
+        if page_size == 1:
+            return end - page
+        return (end - page - 1) * page_size + lpl[b]
+
+    work_indptr = [0]
+    work_info: list[tuple[int, ...]] = []
+    reduce_indptr = [0]
+    reduce_final_map: list[tuple[int, int]] = []
+    reduce_partial_map: list[int] = []
+    cluster_cost: list[int] = []
+    next_partial_row = 0     # first free q-token row of the partial buffers
+
+    b = 0
+    done_blocks = 0          # blocks of batch b already given to earlier clusters
+    piece_rows: list[int] = []   # partial rows of batch b's pieces so far
+    absorb = False           # a cut of batch b was refused by the tail rule
+
+    def emit(b: int, partial: int, kv_start: int, kv_end: int) -> None:
+        rec = [0] * WORK_INFO_INTS   # the padding field stays 0
+        rec[WI["batch_idx"]] = b
+        rec[WI["partial_qo_loc"]] = partial
+        rec[WI["qo_start"]] = qo[b]
+        rec[WI["qo_end"]] = qo[b + 1]
+        rec[WI["kv_start"]] = kv_start
+        rec[WI["kv_end"]] = kv_end
+        rec[WI["kv_offset"]] = tokens_after(b, kv_end)
+        work_info.append(tuple(rec))
+
+    for _cluster in range(num_clusters):
+        remain = payload
+        used = 0
+        while b < nb:
+            left = blocks[b] - done_blocks
+            kv_start = kv[b] + done_blocks * G
+            qlen = qo[b + 1] - qo[b]
+            if absorb or remain >= left + ovh:
+                # batch b ends on this cluster
+                if piece_rows:
+                    row = next_partial_row
+                    next_partial_row += qlen
+                    piece_rows.append(row)
+                    emit(b, row, kv_start, kv[b + 1])
+                    reduce_partial_map.extend(piece_rows)
+                else:
+                    emit(b, -1, kv_start, kv[b + 1])
+                reduce_indptr.append(len(reduce_partial_map))
+                reduce_final_map.append((qo[b], qo[b + 1]))
+                remain -= left + ovh
+                used += left + ovh
+                b += 1
+                done_blocks = 0
+                piece_rows = []
+                absorb = False
+                continue
+            if remain > ovh:
+                take = remain - ovh
+                cut = kv[b] + (done_blocks + take) * G
+                if tokens_after(b, cut) < max_seqlen_qo:
+                    absorb = True   # too few tokens would follow the cut: take all of b here
+                    continue
+                row = next_partial_row
+                next_partial_row += qlen
+                piece_rows.append(row)
+                emit(b, row, kv_start, cut)
+                done_blocks += take
+                used += remain
+            break
+        work_indptr.append(len(work_info))
+        cluster_cost.append(used)
+    if b != nb:  # cannot happen: each cluster advances >= payload - OVH blocks (see metadata.py)
+        raise AssertionError(f"scheduler left batches {b}..{nb - 1} unassigned")
+
+    return Schedule(
+        work_indptr=work_indptr, work_info=work_info, reduce_indptr=reduce_indptr,
+        reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
+        num_heads=num_heads, num_clusters=num_clusters, num_splits=nsplits,
+        page_size=page_size, kv_granularity=G, max_seqlen_qo=max_seqlen_qo, batch_size=nb,
+        overhead=ovh, payload=payload, cluster_cost=cluster_cost)
+
+
+def to_buffers(schedule: Schedule, buffers) -> tuple:
+    """Write ``schedule`` into the six buffers of ``get_mla_metadata_info_v1`` (any device),
+    exactly as the device kernel does, and register its plan record (``lookup_plan``).
+
+    ``buffers`` = (work_metadata_ptrs, work_indptr, work_info_set, reduce_indptr,
+    reduce_final_map, reduce_partial_map), AITER's info order. Written: all of
+    ``work_indptr`` and ``reduce_indptr`` (entries past the used ones repeat the last value),
+    the used rows of ``work_info_set``, ``reduce_final_map[:B]``,
+    ``reduce_partial_map[:entries]``, and ``work_metadata_ptrs = (&work_indptr,
+    &work_info_set)``. Other entries are left untouched. Raises ValueError when a buffer is too
+    small. Returns ``buffers``.
+    """
+    import torch
+
+    (work_metadata_ptrs, work_indptr, work_info_set, reduce_indptr, reduce_final_map,
+     reduce_partial_map) = buffers
+    s = schedule
+    need = {
+        "work_indptr": (work_indptr.numel(), s.num_clusters + 1),
+        "work_info_set": (work_info_set.shape[0], len(s.work_info)),
+        "reduce_indptr": (reduce_indptr.numel(), s.batch_size + 1),
+        "reduce_final_map": (reduce_final_map.shape[0], s.batch_size),
+        "reduce_partial_map": (reduce_partial_map.numel(), len(s.reduce_partial_map)),
+    }
+    for name, (have, want) in need.items():
+        if have < want:
+            raise ValueError(f"{name} holds {have} entries, the schedule needs {want}")
+
+    def put(dst, values, n):
+        if n:
+            src = torch.tensor(values, dtype=torch.int32).reshape(dst[:n].shape)
+            dst[:n].copy_(src)
+
+    wi = s.work_indptr + [s.work_indptr[-1]] * (work_indptr.numel() - len(s.work_indptr))
+    put(work_indptr.view(-1), wi, len(wi))
+    put(work_info_set, [list(r) for r in s.work_info], len(s.work_info))
+    ri = s.reduce_indptr + [s.reduce_indptr[-1]] * (reduce_indptr.numel() - len(s.reduce_indptr))
+    put(reduce_indptr.view(-1), ri, len(ri))
+    put(reduce_final_map, [list(t) for t in s.reduce_final_map], s.batch_size)
+    put(reduce_partial_map.view(-1), s.reduce_partial_map, len(s.reduce_partial_map))
+    ptrs = torch.tensor([work_indptr.data_ptr(), work_info_set.data_ptr()], dtype=torch.int64)
+    work_metadata_ptrs.view(torch.int64).copy_(ptrs)
+
+    from .metadata import _record_plan
+    _record_plan(work_info_set, work_indptr, num_heads=s.num_heads, num_heads_k=1,
+                 max_seqlen_qo=s.max_seqlen_qo, page_size=s.page_size,
+                 kv_granularity=s.kv_granularity, batch_size=s.batch_size,
+                 num_clusters=s.num_clusters, num_splits=s.num_splits,
+                 dtype_q=None, dtype_kv=None)
+    return buffers
+

@@ -1,0 +1,198 @@
+"""``mla_reduce_v1``: merge split-KV partial outputs by LSE (AITER ``aiter.mla_reduce_v1``).
+
+The eager path is one ctypes call into the ``mla_reduce`` module (templates/mla_reduce.cu.j2),
+launched on torch's current stream with no host sync, so it can be captured in a CUDA graph.
+The same launch is registered as the torch custom op ``aiter_mla::mla_reduce_v1`` (mutating
+``final_output``/``final_lse``, with a fake implementation) for ``torch.compile``.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Optional
+
+import torch
+
+from .. import arch as _arch
+from ..arch import V_HEAD_DIM
+from ..jit import get_module
+
+__all__ = ["mla_reduce_v1"]
+
+_P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
+_ARGTYPES = [_P] * 7 + [_I64] * 7 + [_I32] * 4 + [ctypes.c_int, _P]
+
+_fns: dict[int, tuple] = {}  # device index -> (launch fn, error-string fn)
+_fns_lock = threading.Lock()
+_INT32_MAX = 2**31 - 1
+
+try:  # about 0.3 us instead of several for torch.cuda.current_stream(device).cuda_stream
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+except AttributeError:  # pragma: no cover - older/newer torch without the private binding
+    def _raw_stream(index):
+        return torch.cuda.current_stream(index).cuda_stream
+
+
+def _kernel(index: int):
+    fns = _fns.get(index)
+    if fns is None:
+        with _fns_lock:
+            fns = _fns.get(index)
+            if fns is None:
+                with torch.cuda.device(index):
+                    target = _arch.current_arch()
+                mod = get_module("mla_reduce", arch=target, out_dtype="bf16")
+                fns = (mod.function("aiter_mla_reduce_v1", _ARGTYPES, ctypes.c_int),
+                       mod.function("aiter_mla_error_string", [ctypes.c_int], ctypes.c_char_p))
+                _fns[index] = fns
+    return fns
+
+
+def _fail(name: str, expected: str, actual) -> None:
+    raise ValueError(f"mla_reduce_v1: {name} must be {expected}, got {actual}")
+
+
+def _check_tensor(t, name: str, dtype, device, contiguous: bool) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"mla_reduce_v1: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"mla_reduce_v1: {name} must be {dtype}, got {t.dtype}")
+    if t.device != device:
+        _fail(name, f"on {device} (partial_output's device)", t.device)
+    if contiguous and not t.is_contiguous():
+        _fail(name, "contiguous", f"strides {t.stride()} for shape {tuple(t.shape)}")
+
+
+def _check(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
+           max_seqlen_q, final_output, final_lse) -> None:
+    if not isinstance(partial_output, torch.Tensor):
+        raise TypeError("mla_reduce_v1: partial_output must be a torch.Tensor, got "
+                        f"{type(partial_output).__name__}")
+    dev = partial_output.device
+    if dev.type != "cuda":
+        _fail("partial_output", "a CUDA tensor", dev)
+    _check_tensor(partial_output, "partial_output", torch.float32, dev, True)
+    po_shape = tuple(partial_output.shape)
+    if (partial_output.dim() not in (3, 4) or po_shape[-1] != V_HEAD_DIM
+            or (partial_output.dim() == 4 and po_shape[1] != 1)):
+        _fail("partial_output", f"[N, H, {V_HEAD_DIM}] or [N, 1, H, {V_HEAD_DIM}]", po_shape)
+    H = po_shape[-2]
+    if H < 1:
+        _fail("partial_output", "at least 1 head (size(-2))", po_shape)
+    N = po_shape[0]
+    _check_tensor(partial_lse, "partial_lse", torch.float32, dev, True)
+    if partial_lse.numel() != N * H or (partial_lse.dim() > 0 and partial_lse.shape[0] != N):
+        _fail("partial_lse", f"[N={N}, H={H}] (or [N, 1, H, 1]) matching partial_output",
+              tuple(partial_lse.shape))
+    _check_tensor(reduce_indptr, "reduce_indptr", torch.int32, dev, True)
+    if reduce_indptr.dim() != 1 or reduce_indptr.numel() < 1:
+        _fail("reduce_indptr", "1-D with tiles+1 >= 1 entries", tuple(reduce_indptr.shape))
+    tiles = reduce_indptr.numel() - 1
+    if reduce_final_map is not None:
+        _check_tensor(reduce_final_map, "reduce_final_map", torch.int32, dev, True)
+        if (reduce_final_map.dim() != 2 or reduce_final_map.shape[1] != 2
+                or reduce_final_map.shape[0] < tiles):
+            _fail("reduce_final_map", f"[>= tiles={tiles}, 2] (q_start, q_end)",
+                  tuple(reduce_final_map.shape))
+    _check_tensor(reduce_partial_map, "reduce_partial_map", torch.int32, dev, True)
+    if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 1:
+        _fail("max_seqlen_q", "an int >= 1", repr(max_seqlen_q))
+    _check_tensor(final_output, "final_output", torch.bfloat16, dev, False)
+    if final_output.dim() != 3 or tuple(final_output.shape[1:]) != (H, V_HEAD_DIM):
+        _fail("final_output", f"[total_q, H={H}, {V_HEAD_DIM}]", tuple(final_output.shape))
+    if final_output.shape[0] > _INT32_MAX:
+        _fail("final_output", f"at most {_INT32_MAX} q tokens", final_output.shape[0])
+    if final_lse is not None:
+        _check_tensor(final_lse, "final_lse", torch.float32, dev, False)
+        if tuple(final_lse.shape) != (final_output.shape[0], H):
+            _fail("final_lse", f"[total_q={final_output.shape[0]}, H={H}]",
+                  tuple(final_lse.shape))
+
+
+def _launch(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
+            max_seqlen_q, final_output, final_lse) -> None:
+    # Checks read only metadata (no sync) but cost host time; a captured graph skips them.
+    capturing = (isinstance(partial_output, torch.Tensor) and partial_output.is_cuda
+                 and torch.cuda.is_current_stream_capturing())
+    if not capturing:
+        _check(partial_output, partial_lse, reduce_indptr, reduce_final_map,
+               reduce_partial_map, max_seqlen_q, final_output, final_lse)
+    index = partial_output.device.index
+    launch, err_str = _kernel(index)
+    H = partial_output.shape[-2]
+    so, sh, sd = final_output.stride()
+    ls, lh = final_lse.stride() if final_lse is not None else (0, 0)
+    rc = launch(
+        partial_output.data_ptr(), partial_lse.data_ptr(), reduce_indptr.data_ptr(),
+        reduce_final_map.data_ptr() if reduce_final_map is not None else None,
+        reduce_partial_map.data_ptr(), final_output.data_ptr(),
+        final_lse.data_ptr() if final_lse is not None else None,
+        so, sh, sd, ls, lh,
+        partial_output.shape[0], reduce_partial_map.numel(),
+        final_output.shape[0], H, reduce_indptr.numel() - 1, max_seqlen_q,
+        index, _raw_stream(index))
+    if rc != 0:
+        raise RuntimeError(f"mla_reduce_v1: launch failed: {err_str(rc).decode()} (error {rc})")
+
+
+@torch.library.custom_op("aiter_mla::mla_reduce_v1", mutates_args=("final_output", "final_lse"))
+def _mla_reduce_v1_op(partial_output: torch.Tensor, partial_lse: torch.Tensor,
+                      reduce_indptr: torch.Tensor, reduce_final_map: Optional[torch.Tensor],
+                      reduce_partial_map: torch.Tensor, max_seqlen_q: int,
+                      final_output: torch.Tensor, final_lse: Optional[torch.Tensor]) -> None:
+    _launch(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
+            max_seqlen_q, final_output, final_lse)
+
+
+@_mla_reduce_v1_op.register_fake
+def _(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
+      max_seqlen_q, final_output, final_lse) -> None:
+    return None
+
+
+def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map,
+                  reduce_partial_map, max_seqlen_q, final_output, final_lse=None) -> None:
+    """Merge split-KV partial attention outputs by their LSE, in place.
+
+    For each reduce tile t with at least 2 entries (entries
+    ``reduce_indptr[t] .. reduce_indptr[t+1]-1``), each q token s in ``[q_start, q_end)``
+    (``reduce_final_map[t]``) and head h, with ``loc_i = reduce_partial_map[reduce_indptr[t]+i]``
+    and ``lse_i = partial_lse[loc_i + s - q_start, h]``::
+
+        M = max_i lse_i;  w_i = exp(lse_i - M)
+        final_output[s, h] = bf16(sum_i w_i * partial_output[loc_i + s - q_start, h] / sum_i w_i)
+        final_lse[s, h]    = M + ln(sum_i w_i)
+
+    If every lse_i is -inf (no piece saw a key): output 0, final_lse +inf (never NaN). Tiles
+    with fewer than 2 entries are left untouched (the decode kernel wrote them directly).
+    There is no cap on the number of splits per tile.
+
+    Args:
+        partial_output: float32 contiguous [N, 1, H, 512] or [N, H, 512]; H = size(-2).
+        partial_lse: float32 contiguous, N*H values ([N, 1, H, 1] or [N, H]), natural log.
+        reduce_indptr: int32 [tiles + 1].
+        reduce_final_map: int32 [tiles, 2] (q_start, q_end) per tile, or None: then (AITER) the
+            q length is ``reduce_partial_map[reduce_indptr[t]+1] - reduce_partial_map[reduce_indptr[t]]``
+            and tile t covers ``[t*len, (t+1)*len)``.
+        reduce_partial_map: int32, first partial q-token row of each split piece.
+        max_seqlen_q: int >= 1, sizes the launch grid only (longer tiles are still covered).
+        final_output: bf16 [total_q, H, 512], any strides (written in place).
+        final_lse: optional float32 [total_q, H], any strides (written in place).
+
+    Raises:
+        TypeError / ValueError naming the argument with expected and actual values (dtype,
+        device, contiguity, shape); checks are skipped while a CUDA graph is being captured.
+        RuntimeError if the launch fails.
+        A schedule that points outside its buffers is never read out of bounds: the affected
+        rows come out NaN instead.
+
+    Source: AITER ``aiter.mla_reduce_v1`` / ``csrc/kernels/mla/reduce.cu`` (PR #3072), without
+    its LDS split cap (spec §3.5(4)); launched on the current stream, graph-capturable.
+    """
+    if torch.compiler.is_compiling():
+        torch.ops.aiter_mla.mla_reduce_v1(partial_output, partial_lse, reduce_indptr,
+                                          reduce_final_map, reduce_partial_map, max_seqlen_q,
+                                          final_output, final_lse)
+        return
+    _launch(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
+            max_seqlen_q, final_output, final_lse)

@@ -1,0 +1,231 @@
+"""Shared pytest set-up: the ``gpu`` marker, and an isolated JIT sandbox with a fake compiler.
+
+``@pytest.mark.gpu`` tests are skipped, with a reason, where torch sees no CUDA device.
+
+The ``fake_jit`` fixture gives a temporary cache root, config, templates folder and a fake
+``nvcc`` (a Python script) that can sleep, fail, crash or write half a file, and logs every
+build it starts, so JIT behaviour is tested on a CPU machine in milliseconds per build. It
+writes a real tiny shared library (built once per session with the host C compiler) so that
+loads really go through ctypes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+GPU_SKIP_REASON = "needs an NVIDIA GPU (sm_90); none visible"
+
+# Variables the JIT reads that a developer's shell may have set: tests start without them.
+_JIT_VARS = ("AITER_MLA_CACHE_DIR", "AITER_MLA_DISABLE_JIT", "AITER_REBUILD",
+             "AITER_MLA_LOCK_TIMEOUT", "AITER_MLA_NVCC", "AITER_MLA_CONFIG",
+             "AITER_MLA_TEMPLATES_DIR", "AITER_MLA_EXTRA_NVCC_FLAGS", "AITER_MLA_EXTRA_HIP_FLAGS",
+             "AITER_MLA_LINEINFO", "AITER_ENABLE_EXPERIMENTAL", "HIP_KITTENS_DIR",
+             "AITER_MLA_GIT", "AITER_MLA_VERBOSE", "AITER_MLA_CLANG", "AITER_MLA_HIPCC")
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [it for it in items if it.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if not has_gpu:
+        skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
+        for it in gpu_items:
+            it.add_marker(skip)
+
+
+FAKE_LIB_C = r"""
+int aiter_mla_fake_answer(void) { return 42; }
+const char* aiter_mla_error_string(int e) { return e ? "fake error" : "no error"; }
+"""
+
+FAKE_COMPILER = r'''#!{python}
+# fake nvcc for aiter_mla tests (version: {version})
+import hashlib, os, signal, sys, time
+args = sys.argv[1:]
+if "--version" in args:
+    print("fake nvcc, release 0.0, {version}")
+    sys.exit(0)
+out = args[args.index("-o") + 1]
+src = [a for a in args if a.endswith(".cu")][0]
+log = os.environ.get("FAKE_CC_LOG")
+def note(what):
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{{what}} {{os.getpid()}} {{src}}\n")
+note("start")
+time.sleep(float(os.environ.get("FAKE_CC_SLEEP", "0")))
+mode = os.environ.get("FAKE_CC_MODE", "ok")
+data = open({lib!r}, "rb").read()
+if mode == "fail":
+    sys.stderr.write("fake-nvcc: error: something is wrong at line 3\nsecond line\n")
+    sys.exit(2)
+if mode in ("half", "half_hang", "crash"):
+    with open(out, "wb") as f:
+        f.write(data[: len(data) // 2])
+        f.flush()
+    if mode == "half_hang":
+        note("half")
+        time.sleep(120)
+    if mode == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(0)
+nonce = hashlib.sha256(open(src, "rb").read() + " ".join(args).encode()).hexdigest()
+with open(out, "wb") as f:
+    f.write(data + b"\0NONCE" + nonce.encode())
+note("done")
+'''
+
+
+@pytest.fixture(scope="session")
+def fake_lib(tmp_path_factory) -> Path:
+    """A tiny real shared library exporting ``aiter_mla_fake_answer`` (returns 42)."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("needs a host C compiler (cc/gcc) to make the fake compiler's library")
+    d = tmp_path_factory.mktemp("fakelib")
+    (d / "fake.c").write_text(FAKE_LIB_C)
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", str(d / "fake.c"), "-o", str(d / "fake.so")],
+                   check=True)
+    return d / "fake.so"
+
+
+FAKE_TEMPLATE = """// fake module {{ module }} n={{ n }} flavor={{ flavor }} arch={{ arch }}
+#include "common/fake.cuh"
+int fake_n = {{ n }};
+"""
+
+
+def fake_config(**extra_modules) -> dict:
+    modules = {
+        "fake": {
+            "template": "fake.cu.j2",
+            "params": {"arch": ["sm_90a"], "n": list(range(1, 17)), "flavor": ["a", "b"]},
+            "default_variants": [{"arch": "sm_90a", "n": 1, "flavor": "a"},
+                                 {"arch": "sm_90a", "n": 2, "flavor": "a"}],
+            "flags": {"nvcc": ["-DFAKE_MODULE=1"]},
+            "third_party": [],
+            "experimental": False,
+        },
+        "fake_exp": {
+            "template": "fake.cu.j2",
+            "params": {"arch": ["sm_90a"], "n": [3], "flavor": ["a"]},
+            "default_variants": [{"arch": "sm_90a", "n": 3, "flavor": "a"}],
+            "flags": {},
+            "third_party": [],
+            "experimental": True,
+        },
+    }
+    modules.update(extra_modules)
+    return {
+        "schema_version": 1,
+        "toolchains": {"nvcc": {"flags": ["-O3", "-shared"]}, "hipcc": {"flags": []},
+                       "clang": {"flags": []}},
+        "third_party": {"HipKittens": {"url": "https://example.invalid/HipKittens.git",
+                                       "commit": "a5e308a7ec633b1e94a952de629f41653a0874f3"}},
+        "modules": modules,
+    }
+
+
+@dataclass
+class FakeJit:
+    """Handles to the sandbox: paths, the env to give children, and helpers."""
+
+    root: Path            # cache root
+    config: Path
+    templates: Path
+    compiler: Path
+    log: Path
+    lib: Path
+    env: dict = field(default_factory=dict)
+
+    def write_config(self, cfg: dict) -> None:
+        self.config.write_text(json.dumps(cfg, indent=1))
+
+    def set_version(self, version: str) -> None:
+        """Rewrite the fake compiler so its ``--version`` output changes."""
+        self.compiler.write_text(FAKE_COMPILER.format(python=sys.executable, version=version,
+                                                      lib=str(self.lib)))
+        self.compiler.chmod(0o755)
+
+    def builds(self) -> list[str]:
+        """Lines 'start PID SRC' / 'done PID SRC' the fake compiler logged."""
+        if not self.log.exists():
+            return []
+        return [ln for ln in self.log.read_text().splitlines() if ln]
+
+    def started(self) -> int:
+        return sum(1 for ln in self.builds() if ln.startswith("start"))
+
+    def run_child(self, code: str, extra_env: dict | None = None, timeout: float = 120,
+                  check: bool = True) -> subprocess.CompletedProcess:
+        """Run ``code`` in a fresh Python process with the sandbox's environment."""
+        env = {**self.env, **(extra_env or {})}
+        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                              capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+        if check and proc.returncode != 0:
+            raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def spawn_child(self, code: str, extra_env: dict | None = None) -> subprocess.Popen:
+        env = {**self.env, **(extra_env or {})}
+        return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=str(REPO), start_new_session=True)
+
+
+@pytest.fixture
+def jit_clean(monkeypatch):
+    """No JIT variable from the caller's shell; fresh per-process JIT state before and after."""
+    from aiter_mla.jit import core
+
+    for v in _JIT_VARS:
+        monkeypatch.delenv(v, raising=False)
+    core.reset_state()
+    yield
+    core.reset_state()
+
+
+@pytest.fixture
+def fake_jit(tmp_path, monkeypatch, fake_lib, jit_clean) -> FakeJit:
+    """An isolated JIT with a fake nvcc: set in this process (monkeypatch) and in ``.env``."""
+    templates = tmp_path / "templates"
+    (templates / "common").mkdir(parents=True)
+    (templates / "fake.cu.j2").write_text(FAKE_TEMPLATE)
+    (templates / "common" / "fake.cuh").write_text('#pragma once\n#include "fake_inner.cuh"\n')
+    (templates / "common" / "fake_inner.cuh").write_text("#pragma once\n#define FAKE_INNER 1\n")
+    (templates / "common" / "unrelated.cuh").write_text("#pragma once\n#define UNRELATED 1\n")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fj = FakeJit(root=tmp_path / "cache", config=tmp_path / "jit_config.json",
+                 templates=templates, compiler=bindir / "fake-nvcc", log=tmp_path / "builds.log",
+                 lib=fake_lib)
+    fj.write_config(fake_config())
+    fj.set_version("v1")
+    settings = {"AITER_MLA_CACHE_DIR": str(fj.root), "AITER_MLA_CONFIG": str(fj.config),
+                "AITER_MLA_TEMPLATES_DIR": str(fj.templates), "AITER_MLA_NVCC": str(fj.compiler),
+                "FAKE_CC_LOG": str(fj.log), "AITER_MLA_LOCK_TIMEOUT": "60"}
+    for k, v in settings.items():
+        monkeypatch.setenv(k, v)
+    child = {k: v for k, v in os.environ.items() if k not in _JIT_VARS}
+    child.update(settings)
+    child["PYTHONPATH"] = str(REPO) + os.pathsep + child.get("PYTHONPATH", "")
+    fj.env = child
+    return fj

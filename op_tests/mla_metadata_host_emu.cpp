@@ -1,0 +1,151 @@
+// CPU emulator of the one-CTA metadata kernel (templates/mla_metadata.cu.j2), for machines
+// without a GPU: the rendered template's md_body runs with one std::thread per CUDA thread;
+// __syncthreads, warp ballot and shuffles are emulated with barriers. The kernel code under
+// test is the same text nvcc compiles; only the MD_* primitives differ.
+//
+// Build: g++ -std=c++17 -O1 -pthread -shared -fPIC -DMD_RENDERED='"<rendered .cu>"' this.cpp
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#define AITER_MLA_HOST_EMU 1
+
+namespace emu {
+
+constexpr int kWarp = 32;
+
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lk(m_);
+    const long gen = gen_;
+    if (++count_ == n_) {
+      count_ = 0;
+      ++gen_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lk, [&] { return gen_ != gen; });
+    }
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  const int n_;
+  int count_ = 0;
+  long gen_ = 0;
+};
+
+struct Block {
+  explicit Block(int nthreads) : nthreads(nthreads), block(nthreads), slots(nthreads) {
+    for (int w = 0; w < nthreads / kWarp; ++w) warps.emplace_back(new Barrier(kWarp));
+  }
+  ~Block() {
+    for (auto* b : warps) delete b;
+  }
+  int nthreads;
+  Barrier block;
+  std::vector<Barrier*> warps;
+  std::vector<int64_t> slots;  // one exchange slot per thread
+};
+
+Block* blk = nullptr;
+thread_local int tid = 0;
+
+inline void sync_block() { blk->block.wait(); }
+
+inline uint64_t ballot(bool pred) {
+  const int w = tid / kWarp;
+  blk->slots[tid] = pred ? 1 : 0;
+  blk->warps[w]->wait();
+  uint64_t m = 0;
+  for (int l = 0; l < kWarp; ++l)
+    if (blk->slots[w * kWarp + l]) m |= uint64_t(1) << l;
+  blk->warps[w]->wait();
+  return m;
+}
+
+template <class T>
+inline T shfl_up(T v, int d) {
+  const int w = tid / kWarp, lane = tid % kWarp;
+  blk->slots[tid] = (int64_t)v;
+  blk->warps[w]->wait();
+  const T r = lane >= d ? (T)blk->slots[w * kWarp + lane - d] : v;
+  blk->warps[w]->wait();
+  return r;
+}
+
+template <class T>
+inline T shfl(T v, int src) {
+  const int w = tid / kWarp;
+  blk->slots[tid] = (int64_t)v;
+  blk->warps[w]->wait();
+  const T r = (T)blk->slots[w * kWarp + src];
+  blk->warps[w]->wait();
+  return r;
+}
+
+}  // namespace emu
+
+#define MD_DEVICE inline
+#define MD_HOSTDEV inline
+#define MD_WARP 32
+#define MD_TID (emu::tid)
+#define MD_NTHREADS (emu::blk->nthreads)
+#define MD_SYNC() emu::sync_block()
+#define MD_BALLOT(pred) emu::ballot(pred)
+#define MD_SHFL_UP(v, d) emu::shfl_up((v), (d))
+#define MD_SHFL(v, src) emu::shfl((v), (src))
+#define MD_FFS(m) __builtin_ffsll((long long)(m))
+
+#include MD_RENDERED
+
+// Same arguments as aiter_mla_get_metadata_v1, host pointers, plus the emulated block size
+// (a multiple of 32, <= 1024). Returns 0, or 1 for invalid arguments.
+extern "C" int emu_get_metadata_v1(
+    const void* qo_indptr, const void* kv_indptr, const void* kv_last_page_lens,
+    void* work_metadata_ptrs, void* work_indptr, void* work_info_set, void* reduce_indptr,
+    void* reduce_final_map, void* reduce_partial_map, int64_t cap_work_indptr,
+    int64_t cap_works, int64_t cap_reduce_indptr, int64_t cap_final_map,
+    int64_t cap_partial_map, int num_batches, int num_clusters, int num_splits, int page_size,
+    int kv_granularity, int overhead, int tail_threshold, int nthreads) {
+  if (nthreads < emu::kWarp || nthreads % emu::kWarp || nthreads > 1024) return 1;
+  std::vector<int64_t> ws((md_workspace_bytes(num_batches, num_clusters) + 7) / 8);
+  MdParams p;
+  p.qo_indptr = (const int32_t*)qo_indptr;
+  p.kv_indptr = (const int32_t*)kv_indptr;
+  p.kv_last_page_lens = (const int32_t*)kv_last_page_lens;
+  p.work_metadata_ptrs = (uint64_t*)work_metadata_ptrs;
+  p.work_indptr = (int32_t*)work_indptr;
+  p.work_info_set = (int32_t*)work_info_set;
+  p.reduce_indptr = (int32_t*)reduce_indptr;
+  p.reduce_final_map = (int32_t*)reduce_final_map;
+  p.reduce_partial_map = (int32_t*)reduce_partial_map;
+  p.scratch = (unsigned char*)ws.data();
+  p.cap_work_indptr = cap_work_indptr;
+  p.cap_works = cap_works;
+  p.cap_reduce_indptr = cap_reduce_indptr;
+  p.cap_final_map = cap_final_map;
+  p.cap_partial_map = cap_partial_map;
+  p.num_batches = num_batches;
+  p.num_clusters = num_clusters;
+  p.num_splits = num_splits;
+  p.page_size = page_size;
+  p.kv_granularity = kv_granularity;
+  p.overhead = overhead;
+  p.tail_threshold = tail_threshold;
+  emu::Block block(nthreads);
+  emu::blk = &block;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < nthreads; ++t)
+    threads.emplace_back([t, &p] {
+      emu::tid = t;
+      md_body(p, p.scratch);
+    });
+  for (auto& th : threads) th.join();
+  emu::blk = nullptr;
+  return 0;
+}

@@ -1,0 +1,75 @@
+"""Every environment variable the package reads is declared once in aiter_mla/env.py as
+key-changing or neutral (Triton's CACHE_INVALIDATING / CACHE_NEUTRAL split; the gap behind
+intel-xpu-backend-for-triton #6790 was a Python-only knob missing from the key)."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from aiter_mla import env
+
+PKG = Path(__file__).resolve().parent.parent / "aiter_mla"
+SOURCES = sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
+_DIRECT = re.compile(r"\bos\.environ\b|\bos\.getenv\b|\bgetenv\s*\(|\benviron\.get\b|\bputenv\b")
+_READERS = {"get", "get_int", "get_flag", "is_set"}
+
+
+def test_no_environment_access_outside_env_py():
+    offenders = []
+    for path in SOURCES:
+        if path == PKG / "env.py":
+            continue
+        for no, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if _DIRECT.search(code):
+                offenders.append(f"{path.relative_to(PKG.parent)}:{no}: {line.strip()}")
+    assert not offenders, ("read environment variables through aiter_mla.env (declare them "
+                           "there):\n" + "\n".join(offenders))
+
+
+def _literal_reads():
+    for path in SOURCES:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in _READERS and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "env" and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str)):
+                yield path, node.lineno, node.args[0].value
+
+
+def test_every_literal_read_is_declared():
+    reads = list(_literal_reads())
+    assert reads, "the scan found no env reads at all: the pattern is broken"
+    undeclared = [f"{p.relative_to(PKG.parent)}:{ln}: {name}" for p, ln, name in reads
+                  if name not in env.registry()]
+    assert not undeclared, "undeclared env vars (add them to aiter_mla/env.py):\n" + \
+        "\n".join(undeclared)
+
+
+def test_every_declared_variable_is_used_somewhere():
+    text = "\n".join(p.read_text() for p in SOURCES if p != PKG / "env.py")
+    unused = [n for n in env.registry() if f'"{n}"' not in text]
+    assert not unused, f"declared in env.py but read nowhere: {unused}"
+
+
+def test_undeclared_read_fails_at_run_time():
+    with pytest.raises(KeyError, match="not declared in aiter_mla/env.py"):
+        env.get("AITER_MLA_NO_SUCH_VARIABLE")
+
+
+def test_declarations_are_documented_and_classified():
+    for name, var in env.registry().items():
+        assert var.doc.strip(), f"{name} has no doc"
+        assert isinstance(var.key_changing, bool)
+    assert set(env.key_items()) == {n for n, v in env.registry().items() if v.key_changing}
+
+
+def test_int_parsing_follows_aiter(monkeypatch):
+    for value, on in (("0", False), ("", False), ("abc", False), ("1", True), (" 2 ", True)):
+        monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", value)
+        assert env.get_flag("AITER_ENABLE_EXPERIMENTAL") is on

@@ -1,0 +1,458 @@
+"""The cache under concurrency and failure, with the fake compiler of conftest.py.
+
+Each test names the public report it guards against (jit_cache_practices.md §7).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from aiter_mla.jit import core
+from aiter_mla.jit.cache import Cache, CacheNotWritableError, LockTimeoutError
+from aiter_mla.jit.toolchain import BuildError
+
+P = dict(arch="sm_90a", n=1, flavor="a")
+
+CHILD_LOAD = """
+import ctypes, sys, json
+from aiter_mla.jit import get_module
+m = get_module("fake", arch="sm_90a", n={n}, flavor="a")
+ans = m.function("aiter_mla_fake_answer", [], ctypes.c_int)()
+print(json.dumps({{"key": m.key, "answer": ans, "path": str(m.lib_path)}}))
+"""
+
+
+def _answer(mod) -> int:
+    import ctypes
+
+    return mod.function("aiter_mla_fake_answer", [], ctypes.c_int)()
+
+
+def _leftovers(root):
+    """Temp files or staging folders anywhere under the cache root."""
+    bad = [p for p in root.rglob("*") if p.name.endswith(".tmp")]
+    staging = root / "staging"
+    if staging.exists():
+        bad += list(staging.iterdir())
+    return bad
+
+
+def test_build_load_and_warm_memo_touches_no_file(fake_jit, monkeypatch):
+    m = core.get_module("fake", **P)
+    assert _answer(m) == 42
+    assert m.name == "fake" and m.params == {"arch": "sm_90a", "flavor": "a", "n": 1}
+    assert m.lib_path.is_file() and len(m.key) == 64
+
+    events = []
+    recording = [True]
+
+    def hook(event, args):
+        if recording[0] and (event == "open" or event.startswith(("os.", "subprocess", "ctypes.dl"))):
+            events.append(event)
+
+    def no_stat(*a, **k):
+        raise AssertionError("warm lookup called os.stat")
+
+    sys.addaudithook(hook)
+    monkeypatch.setattr(os, "stat", no_stat)
+    try:
+        for _ in range(100):
+            assert core.get_module("fake", flavor="a", n=1, arch="sm_90a") is m
+    finally:
+        recording[0] = False
+        monkeypatch.undo()
+    assert events == []
+
+
+def test_in_process_lookup_within_5_microseconds(fake_jit):
+    core.get_module("fake", **P)
+    get = core.get_module
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(20000):
+            get("fake", arch="sm_90a", n=1, flavor="a")
+        best = min(best, (time.perf_counter() - t0) / 20000)
+    assert best <= 5e-6, f"in-process lookup took {best * 1e6:.2f} us (budget 5 us)"
+
+
+def test_eight_threads_one_variant_one_build(fake_jit, monkeypatch):
+    monkeypatch.setenv("FAKE_CC_SLEEP", "0.3")
+    results, errors = [], []
+    barrier = threading.Barrier(8)
+
+    def worker():
+        barrier.wait()
+        try:
+            results.append(core.get_module("fake", **P))
+        except Exception as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(results) == 8 and all(r is results[0] for r in results)
+    assert fake_jit.started() == 1
+
+
+def test_sixteen_cold_processes_one_variant(fake_jit):
+    """triton #2688 / PR #4295, pytorch PR #92664: one build, one entry, no temp files."""
+    env = {"FAKE_CC_SLEEP": "0.5"}
+    procs = [fake_jit.spawn_child(CHILD_LOAD.format(n=1), env) for _ in range(16)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    assert {o["answer"] for o in outs} == {42}
+    assert len({o["key"] for o in outs}) == 1
+    assert fake_jit.started() == 1, fake_jit.builds()
+    entries = list((fake_jit.root / "entries").iterdir())
+    assert len(entries) == 1
+    assert _leftovers(fake_jit.root) == []
+    meta = json.loads((entries[0] / "meta.json").read_text())
+    data = (entries[0] / "lib.so").read_bytes()
+    import hashlib
+
+    assert hashlib.sha256(data).hexdigest() == meta["artifact"]["sha256"]
+
+
+def test_eight_processes_eight_variants(fake_jit):
+    """flashinfer PR #2339: concurrent builds of different variants each use their own folder."""
+    env = {"FAKE_CC_SLEEP": "0.3"}
+    procs = [fake_jit.spawn_child(CHILD_LOAD.format(n=n), env) for n in range(1, 9)]
+    keys = set()
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err
+        o = json.loads(out.strip().splitlines()[-1])
+        assert o["answer"] == 42
+        keys.add(o["key"])
+    assert len(keys) == 8
+    assert fake_jit.started() == 8
+    assert len(list((fake_jit.root / "entries").iterdir())) == 8
+    assert _leftovers(fake_jit.root) == []
+
+
+def _wait_for(pred, timeout=60.0, what="condition"):
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode,marker", [("ok", "start"), ("half_hang", "half")])
+def test_sigkilled_builder_does_not_block_next_caller(fake_jit, mode, marker):
+    """pytorch #189245 (and 8 more reports): a killed lock holder wedged every later load.
+    With a half-written artifact in staging (flashinfer #2010), nothing half is ever loaded."""
+    a = fake_jit.spawn_child(CHILD_LOAD.format(n=1), {"FAKE_CC_SLEEP": "30" if mode == "ok" else "0",
+                                                      "FAKE_CC_MODE": mode})
+    try:
+        _wait_for(lambda: any(ln.startswith(marker) for ln in fake_jit.builds()),
+                  what="the first builder to start compiling")
+    finally:
+        os.killpg(a.pid, signal.SIGKILL)
+        a.communicate()
+    assert not (fake_jit.root / "entries").exists() or not list((fake_jit.root / "entries").iterdir())
+    t0 = time.monotonic()
+    out = fake_jit.run_child(CHILD_LOAD.format(n=1), {"AITER_MLA_LOCK_TIMEOUT": "20"}).stdout
+    elapsed = time.monotonic() - t0
+    assert json.loads(out.strip().splitlines()[-1])["answer"] == 42
+    assert elapsed < 20 + 15, f"next caller took {elapsed:.1f} s"
+    assert _leftovers(fake_jit.root) == []
+
+
+def test_lock_file_naming_a_live_pid_does_not_block(fake_jit):
+    """ROCm/aiter #5266: liveness judged by pid. Ours never reads the lock file's content."""
+    key, _ = core.variant_key("fake", **P)
+    lock = fake_jit.root / "locks" / f"{key}.lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text(f"{os.getpid()}\n1\n")
+    t0 = time.monotonic()
+    assert _answer(core.get_module("fake", **P)) == 42
+    assert time.monotonic() - t0 < 10
+
+
+def test_lock_wait_names_variant_and_lock_then_times_out(fake_jit, monkeypatch, caplog):
+    key, _ = core.variant_key("fake", **P)
+    holder = fake_jit.spawn_child(f"""
+        import time
+        from pathlib import Path
+        from aiter_mla.jit.cache import Cache
+        with Cache(Path({str(fake_jit.root)!r}), True).lock({key!r}, "test holder", timeout=5):
+            print("held", flush=True)
+            time.sleep(30)
+    """)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setenv("AITER_MLA_LOCK_TIMEOUT", "3")
+        core.reset_state()
+        with caplog.at_level("WARNING", logger="aiter_mla.jit"):
+            with pytest.raises(LockTimeoutError) as ei:
+                core.get_module("fake", **P)
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.communicate()
+    msg = str(ei.value)
+    assert "build of fake(arch=sm_90a, flavor=a, n=1)" in msg
+    assert str(fake_jit.root / "locks" / f"{key}.lock") in msg
+    assert f"pid {holder.pid}" in msg and "AITER_MLA_LOCK_TIMEOUT" in msg
+    assert any("waiting" in r.getMessage() and "fake(arch=sm_90a" in r.getMessage()
+               for r in caplog.records)
+    # Once the holder is gone the same call succeeds at once.
+    assert _answer(core.get_module("fake", **P)) == 42
+
+
+@pytest.mark.parametrize("mode,why", [("half", "truncated"), ("crash", "exit status -9")])
+def test_half_written_artifact_is_never_published(fake_jit, monkeypatch, mode, why):
+    monkeypatch.setenv("FAKE_CC_MODE", mode)
+    with pytest.raises(BuildError) as ei:
+        core.get_module("fake", **P)
+    assert why in str(ei.value)
+    assert not (fake_jit.root / "entries").exists() or not list((fake_jit.root / "entries").iterdir())
+    assert ei.value.source_path.is_file()  # kept for inspection under failed/
+    monkeypatch.setenv("FAKE_CC_MODE", "ok")
+    core.reset_state()
+    assert _answer(core.get_module("fake", **P)) == 42
+    assert _leftovers(fake_jit.root) == []
+
+
+@pytest.mark.parametrize("damage", ["flip_byte", "truncate", "meta_garbage", "meta_arch"])
+def test_corrupt_entry_is_moved_aside_and_rebuilt(fake_jit, damage, caplog):
+    """CuPy's hash-on-read: a damaged entry is detected, never loaded, and rebuilt."""
+    m = core.get_module("fake", **P)
+    entry = m.lib_path.parent
+    lib, meta_path = entry / "lib.so", entry / "meta.json"
+
+    def replace_lib(data: bytes):  # a new inode: this process has the old one mapped
+        tmp = entry / "damaged"
+        tmp.write_bytes(data)
+        os.replace(tmp, lib)
+
+    if damage == "flip_byte":
+        data = bytearray(lib.read_bytes())
+        data[100] ^= 0xFF
+        replace_lib(bytes(data))
+    elif damage == "truncate":
+        replace_lib(lib.read_bytes()[:1000])
+    elif damage == "meta_garbage":
+        meta_path.write_text("{not json")
+    else:
+        meta = json.loads(meta_path.read_text())
+        meta["arch"] = "gfx942"
+        meta_path.write_text(json.dumps(meta))
+    core.reset_state()  # as a new process would
+    with caplog.at_level("WARNING", logger="aiter_mla.jit"):
+        m2 = core.get_module("fake", **P)
+    assert _answer(m2) == 42
+    assert fake_jit.started() == 2
+    assert any("corrupt" in r.getMessage() for r in caplog.records)
+    assert Cache(fake_jit.root, True).read_entry(m2.key, "sm_90a").__class__.__name__ == "Entry"
+
+
+def test_warm_hit_in_new_process_starts_no_subprocess(fake_jit):
+    core.build_variant("fake", **P)
+    out = fake_jit.run_child("""
+        import sys, time, json, ctypes
+        import aiter_mla.jit as jit
+        def hook(event, args):
+            if event in ("subprocess.Popen", "os.posix_spawn", "os.fork", "os.exec", "os.system"):
+                raise RuntimeError("warm hit started a subprocess: " + event)
+        sys.addaudithook(hook)
+        t0 = time.perf_counter()
+        m = jit.get_module("fake", arch="sm_90a", n=1, flavor="a")
+        ms = (time.perf_counter() - t0) * 1e3
+        print(json.dumps({"ms": ms, "answer": m.function("aiter_mla_fake_answer", [], ctypes.c_int)(),
+                          "jinja": "jinja2" in sys.modules, "filelock": "filelock" in sys.modules}))
+    """).stdout
+    o = json.loads(out.strip().splitlines()[-1])
+    assert o["answer"] == 42
+    assert not o["jinja"] and not o["filelock"]  # the warm path renders nothing, locks nothing
+    assert o["ms"] < 20, f"warm new-process load took {o['ms']:.1f} ms (test budget 20 ms)"
+    assert fake_jit.started() == 1
+
+
+def _readonly_child(fake_jit, ro_dirs, code, extra_env=None):
+    """Run ``code`` in a child that sees ``ro_dirs`` read-only: a private read-only bind
+    mount for root (chmod does not stop root), chmod 0555 otherwise."""
+    env = {**fake_jit.env, **(extra_env or {})}
+    py = [sys.executable, "-c", textwrap.dedent(code)]
+    if os.geteuid() != 0:
+        for d in ro_dirs:
+            os.chmod(d, 0o555)
+        try:
+            return subprocess.run(py, env=env, capture_output=True, text=True, timeout=120)
+        finally:
+            for d in ro_dirs:
+                os.chmod(d, 0o755)
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("root without unshare(1): cannot make a folder read-only for the test")
+    mounts = " && ".join(f"mount --bind -o ro {d} {d}" for d in ro_dirs)
+    script = f'{mounts} && exec "$0" "$@"'
+    probe = subprocess.run([unshare, "-m", "sh", "-c", "mount --bind -o ro / /tmp 2>/dev/null; exit 0"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("unshare -m is not permitted here: cannot make a read-only mount")
+    return subprocess.run([unshare, "-m", "sh", "-c", script, *py], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_prefilled_read_only_cache_still_loads(fake_jit):
+    core.build_variant("fake", **P)
+    proc = _readonly_child(fake_jit, [fake_jit.root], CHILD_LOAD.format(n=1))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["answer"] == 42
+    assert fake_jit.started() == 1
+
+
+def test_read_only_explicit_root_names_the_variable(fake_jit):
+    fake_jit.root.mkdir()
+    proc = _readonly_child(fake_jit, [fake_jit.root], CHILD_LOAD.format(n=1))
+    assert proc.returncode != 0
+    assert "CacheNotWritableError" in proc.stderr and "AITER_MLA_CACHE_DIR" in proc.stderr
+    assert str(fake_jit.root) in proc.stderr
+
+
+def test_read_only_default_root_falls_back_with_warning(fake_jit, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = {"HOME": str(home), "TMPDIR": str(tmpdir), "XDG_CACHE_HOME": ""}
+    fake_jit.env.pop("AITER_MLA_CACHE_DIR")
+    proc = _readonly_child(fake_jit, [home], CHILD_LOAD.format(n=1), env)
+    assert proc.returncode == 0, proc.stderr
+    assert "not writable" in proc.stderr and "building in" in proc.stderr
+    assert list((tmpdir).glob("aiter_mla-*/entries/*/lib.so"))
+
+
+def test_cache_not_writable_error_in_process(fake_jit, monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(blocker / "cache"))  # parent is a file
+    core.reset_state()
+    with pytest.raises(CacheNotWritableError, match="AITER_MLA_CACHE_DIR"):
+        core.get_module("fake", **P)
+
+
+def test_disable_jit_loads_built_and_names_missing(fake_jit, monkeypatch):
+    core.build_variant("fake", **P)
+    monkeypatch.setenv("AITER_MLA_DISABLE_JIT", "1")
+    core.reset_state()
+    assert _answer(core.get_module("fake", **P)) == 42
+    with pytest.raises(core.JitDisabledError) as ei:
+        core.get_module("fake", arch="sm_90a", n=5, flavor="b")
+    msg = str(ei.value)
+    assert "AITER_MLA_DISABLE_JIT=1" in msg and "fake(arch=sm_90a, flavor=b, n=5)" in msg
+    assert "aiter-mla jit build fake --param arch=sm_90a --param flavor=b --param n=5" in msg
+    assert fake_jit.started() == 1
+
+
+def test_aiter_rebuild_rebuilds_each_variant_once_per_process(fake_jit, monkeypatch):
+    m_old = core.get_module("fake", **P)
+    assert fake_jit.started() == 1
+    monkeypatch.setenv("AITER_REBUILD", "1")
+    core.reset_state()  # a new process
+    m1 = core.get_module("fake", **P)
+    core.get_module("fake", **P)
+    core.build_variant("fake", **P)
+    assert fake_jit.started() == 2  # once in this "process"
+    assert _answer(m_old) == 42 and _answer(m1) == 42  # the old mapping keeps working
+    core.reset_state()
+    core.get_module("fake", **P)
+    assert fake_jit.started() == 3
+    monkeypatch.setenv("AITER_REBUILD", "0")
+    core.reset_state()
+    core.get_module("fake", **P)
+    assert fake_jit.started() == 3
+
+
+@pytest.mark.parametrize("value,included", [(None, False), ("0", False), ("", False),
+                                            ("abc", False), ("1", True), ("2", True)])
+def test_experimental_skipped_by_build_all_unless_enabled(fake_jit, monkeypatch, value, included):
+    if value is None:
+        monkeypatch.delenv("AITER_ENABLE_EXPERIMENTAL", raising=False)
+    else:
+        monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", value)
+    names = {name for name, _ in core.build_all()}
+    assert ("fake_exp" in names) is included
+    assert "fake" in names
+
+
+def test_experimental_module_still_builds_on_demand(fake_jit, monkeypatch):
+    monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", "0")
+    assert _answer(core.get_module("fake_exp", arch="sm_90a", n=3, flavor="a")) == 42
+
+
+def test_gc_evicts_lru_never_locked(fake_jit):
+    cache = Cache(fake_jit.root, True)
+    keys = []
+    for n in range(1, 5):
+        keys.append(core.build_variant("fake", arch="sm_90a", n=n, flavor="a").entry.key)
+    now = time.time()
+    for age, key in zip((400, 300, 200, 100), keys):  # keys[0] is least recently used
+        os.utime(fake_jit.root / "used" / key, (now - age, now - age))
+    sizes = {e["key"]: e["bytes"] for e in cache.entries()}
+    held = cache.try_lock(keys[0])  # a build of the oldest is in progress
+    try:
+        report = cache.gc(max_bytes=sizes[keys[2]] + sizes[keys[3]] + sizes[keys[0]])
+    finally:
+        held.release()
+    assert report["skipped_locked"] == [keys[0]]
+    assert report["removed"] == [keys[1]]
+    left = {e["key"] for e in cache.entries()}
+    assert left == {keys[0], keys[2], keys[3]}
+    report = cache.gc(max_bytes=0)
+    assert set(report["removed"]) == left and cache.entries() == []
+    assert all((fake_jit.root / "locks" / f"{k}.lock").exists() for k in keys)  # never deleted
+
+
+def test_clear_during_build_keeps_lock_and_staging(fake_jit):
+    """FlashInfer's clear-cache deletes the lock files of running builds; ours never does."""
+    from aiter_mla.cli import main
+
+    key, _ = core.variant_key("fake", **P)
+    a = fake_jit.spawn_child(CHILD_LOAD.format(n=1), {"FAKE_CC_SLEEP": "3"})
+    try:
+        _wait_for(lambda: fake_jit.started() == 1, what="the build to start")
+        staging = list((fake_jit.root / "staging").iterdir())
+        assert len(staging) == 1
+        assert main(["jit", "clear", "--all"]) == 0
+        assert staging[0].exists()
+        assert (fake_jit.root / "locks" / f"{key}.lock").exists()
+        out, err = a.communicate(timeout=120)
+    finally:
+        if a.poll() is None:
+            os.killpg(a.pid, signal.SIGKILL)
+    assert a.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["answer"] == 42
+    assert (fake_jit.root / "entries" / key / "lib.so").exists()
+
+
+def test_loaded_module_keeps_working_after_clear(fake_jit):
+    from aiter_mla.cli import main
+
+    m = core.get_module("fake", **P)
+    assert main(["jit", "clear", "--all"]) == 0
+    assert not (fake_jit.root / "entries" / m.key).exists()
+    assert _answer(m) == 42
+    assert core.get_module("fake", **P) is m
+
+
+def test_staging_is_on_the_cache_filesystem(fake_jit):
+    core.build_variant("fake", **P)
+    assert (fake_jit.root / "staging").stat().st_dev == (fake_jit.root / "entries").stat().st_dev

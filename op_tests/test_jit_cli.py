@@ -1,0 +1,133 @@
+"""``aiter-mla info`` / ``jit ...`` / ``deps``: behaviour and exit codes (non-zero on any failure)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from aiter_mla.cli import main
+from aiter_mla.jit import core
+
+FAKE = ["--param", "arch=sm_90a", "--param", "n=3", "--param", "flavor=b"]
+
+
+def test_list_then_build_one_variant(fake_jit, capsys):
+    assert main(["jit", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "fake_exp" in out and "experimental" in out
+    assert "[missing] default fake(arch=sm_90a, flavor=a, n=1)" in out
+    assert main(["jit", "build", "fake", *FAKE]) == 0
+    assert "built  fake(arch=sm_90a, flavor=b, n=3)" in capsys.readouterr().err
+    assert fake_jit.started() == 1
+    assert main(["jit", "list", "--json"]) == 0
+    mods = {m["module"]: m for m in json.loads(capsys.readouterr().out)["modules"]}
+    extra = [v for v in mods["fake"]["variants"] if not v["default"]]
+    assert extra and extra[0]["status"] == "cached" and extra[0]["params"]["n"] == 3
+
+
+def test_build_defaults_in_parallel_and_all(fake_jit, capsys, monkeypatch):
+    monkeypatch.setenv("FAKE_CC_SLEEP", "0.2")
+    assert main(["jit", "build", "fake", "-j", "2"]) == 0
+    assert fake_jit.started() == 2
+    assert "2 of 2 ok" in capsys.readouterr().err
+    assert main(["jit", "build", "--all"]) == 0  # cached now; the experimental one skipped
+    err = capsys.readouterr().err
+    assert err.count("cached") == 2 and "fake_exp" not in err
+    monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", "1")
+    assert main(["jit", "build", "--all"]) == 0
+    assert "built  fake_exp" in capsys.readouterr().err
+
+
+def test_build_failure_exits_nonzero_and_reports(fake_jit, capsys, monkeypatch):
+    monkeypatch.setenv("FAKE_CC_MODE", "fail")
+    assert main(["jit", "build", "fake"]) == 1
+    err = capsys.readouterr().err
+    assert "FAILED fake(arch=sm_90a, flavor=a, n=1)" in err and "0 of 2 ok, 2 failed" in err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["jit", "build"], "name a MODULE"),
+    (["jit", "build", "nope"], "unknown JIT module"),
+    (["jit", "build", "fake", "--param", "n=99"], "allowed: 1, 2"),
+    (["jit", "build", "fake", "--param", "n"], "expected NAME=VALUE"),
+    (["jit", "build", "--all", "fake"], "give no MODULE"),
+    (["jit", "clear"], "give a MODULE or --all"),
+    (["jit", "render", "fake", "--param", "arch=sm_90a"], "missing parameter(s) n, flavor"),
+])
+def test_bad_usage_exits_nonzero_with_reason(fake_jit, capsys, argv, needle):
+    assert main(argv) == 1
+    assert needle in capsys.readouterr().err
+
+
+def test_rebuild_forces_a_build_and_old_module_keeps_working(fake_jit):
+    import ctypes
+
+    m = core.get_module("fake", arch="sm_90a", n=3, flavor="b")
+    assert main(["jit", "rebuild", "fake", *FAKE]) == 0
+    assert fake_jit.started() == 2
+    assert m.function("aiter_mla_fake_answer", [], ctypes.c_int)() == 42
+
+
+def test_render_to_file_needs_no_toolchain(fake_jit, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("AITER_MLA_NVCC", str(tmp_path / "no-such-nvcc"))
+    out = tmp_path / "out.cu"
+    assert main(["jit", "render", "fake", *FAKE, "-o", str(out)]) == 0
+    assert "n=3 flavor=b" in out.read_text()
+    monkeypatch.delenv("AITER_MLA_CONFIG")
+    monkeypatch.delenv("AITER_MLA_TEMPLATES_DIR")
+    assert main(["jit", "render", "convert_fp8", "--param", "arch=gfx950",
+                 "--param", "out_dtype=bf16"]) == 0
+    assert "aiter_mla_e4m3fn_to_float" in capsys.readouterr().out
+
+
+def test_clear_module_and_gc(fake_jit, capsys):
+    core.build_variant("fake", arch="sm_90a", n=1, flavor="a")
+    core.build_variant("fake", arch="sm_90a", n=2, flavor="a")
+    core.build_variant("fake_exp", arch="sm_90a", n=3, flavor="a")
+    assert main(["jit", "clear", "fake_exp"]) == 0
+    entries = list((fake_jit.root / "entries").iterdir())
+    assert len(entries) == 2
+    assert main(["jit", "gc", "--max-bytes", "1K"]) == 0
+    assert "removed 2 entries" in capsys.readouterr().out
+    assert list((fake_jit.root / "entries").iterdir()) == []
+    with pytest.raises(SystemExit) as ei:  # argparse usage error
+        main(["jit", "gc", "--max-bytes", "lots"])
+    assert ei.value.code == 2
+
+
+def test_info_text_and_json(fake_jit, capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("versions: aiter_mla", "toolchains:", "sm_90a", "cache:", "pin HipKittens",
+                   "AITER_MLA_CACHE_DIR=", "k AITER_MLA_EXTRA_NVCC_FLAGS"):
+        assert needle in out
+    assert main(["info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["cache"]["root"] == str(fake_jit.root)
+    assert info["toolchains"]["sm_90a"]["path"] == str(fake_jit.compiler)
+    assert info["env"]["AITER_MLA_LINEINFO"]["key_changing"] is True
+
+
+def test_module_entry_point_exit_code(fake_jit):
+    ok = subprocess.run([sys.executable, "-m", "aiter_mla", "jit", "list"], env=fake_jit.env,
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "aiter_mla", "jit", "build", "nope"],
+                         env=fake_jit.env, capture_output=True, text=True)
+    assert bad.returncode == 1 and "unknown JIT module" in bad.stderr
+
+
+def test_readme_has_two_setup_commands_and_ci_runs_the_test_one():
+    from pathlib import Path
+    import re
+
+    repo = Path(__file__).resolve().parent.parent
+    readme = (repo / "README.md").read_text()
+    setup = readme.split("## Set up", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", setup, re.S).group(1).strip().splitlines()
+    assert block == ["pip install -e '.[test]'", "python3 -m pytest -q op_tests"]
+    ci = (repo / ".ci" / "run").read_text()
+    assert "\npython3 -m pytest -q op_tests\n" in ci
+    assert ci.index("torch==2.13.0") < ci.index("install -q -e '.[test]'")

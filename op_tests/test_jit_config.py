@@ -1,0 +1,149 @@
+"""jit_config.json schema validation and rendering (StrictUndefined, parameter errors)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aiter_mla import paths
+from aiter_mla.jit.config import ConfigError, ParamError, load_config, validate
+from aiter_mla.jit.render import RenderError, render
+
+PIN = "a5e308a7ec633b1e94a952de629f41653a0874f3"
+
+
+def real_raw() -> dict:
+    return json.loads(paths.JIT_CONFIG_PATH.read_text())
+
+
+def test_repository_config_is_valid():
+    cfg = load_config(paths.JIT_CONFIG_PATH)
+    assert set(cfg.modules) >= {"convert_fp8", "mla_metadata", "mla_decode", "mla_reduce"}
+    hk = cfg.third_party["HipKittens"]
+    assert hk.commit == PIN and hk.url.endswith("HipKittens.git")
+    for m in cfg.modules.values():
+        assert m.default_variants, f"{m.name} has no default variants"
+        for v in m.default_variants:
+            m.check_params(v)
+
+
+def _bad(mutate):
+    raw = real_raw()
+    mutate(raw)
+    with pytest.raises(ConfigError) as ei:
+        validate(raw)
+    return str(ei.value)
+
+
+@pytest.mark.parametrize("mutate,needles", [
+    (lambda r: r.pop("modules"), ["modules", "missing"]),
+    (lambda r: r.update(extra=1), ["extra", "unknown key"]),
+    (lambda r: r.update(schema_version=7), ["schema_version", "7"]),
+    (lambda r: r["third_party"]["HipKittens"].update(commit="abc123"),
+     ["third_party.HipKittens.commit", "'abc123'"]),
+    (lambda r: r["third_party"]["HipKittens"].update(commit=PIN.upper()),
+     ["third_party.HipKittens.commit", PIN.upper()]),
+    (lambda r: r["modules"]["convert_fp8"]["params"]["arch"].append("sm_80"),
+     ["modules.convert_fp8.params.arch[3]", "'sm_80'"]),
+    (lambda r: r["modules"]["convert_fp8"]["params"].pop("arch"),
+     ["modules.convert_fp8.params.arch", "missing"]),
+    (lambda r: r["modules"]["convert_fp8"]["params"].update(out_dtype=[]),
+     ["modules.convert_fp8.params.out_dtype", "[]"]),
+    (lambda r: r["modules"]["convert_fp8"]["params"].update(out_dtype=["bf16", 1.5]),
+     ["modules.convert_fp8.params.out_dtype[1]", "1.5"]),
+    (lambda r: r["modules"]["convert_fp8"]["default_variants"][0].update(out_dtype="fp16"),
+     ["modules.convert_fp8.default_variants[0].out_dtype", "'fp16'", "'bf16'"]),
+    (lambda r: r["modules"]["convert_fp8"]["default_variants"][0].pop("out_dtype"),
+     ["modules.convert_fp8.default_variants[0].out_dtype", "missing"]),
+    (lambda r: r["modules"]["convert_fp8"]["params"].update(block_m=[64, 128]) or
+     r["modules"]["convert_fp8"]["default_variants"][0].update(block_m="64"),
+     ["modules.convert_fp8.default_variants[0].block_m", "'64'"]),
+    (lambda r: r["modules"]["convert_fp8"].update(third_party=["CK"]),
+     ["modules.convert_fp8.third_party[0]", "'CK'"]),
+    (lambda r: r["modules"]["convert_fp8"].update(experimental="no"),
+     ["modules.convert_fp8.experimental", "'no'"]),
+    (lambda r: r["modules"]["convert_fp8"]["flags"].update(gcc=[]),
+     ["modules.convert_fp8.flags.gcc", "unknown key"]),
+    (lambda r: r["modules"]["convert_fp8"]["flags"].update(nvcc=["-O3", ""]),
+     ["modules.convert_fp8.flags.nvcc[1]", "''"]),
+    (lambda r: r["modules"]["convert_fp8"].update(template="../x.j2"),
+     ["modules.convert_fp8.template", "'../x.j2'"]),
+    (lambda r: r["toolchains"]["nvcc"].update(flags="-O3"),
+     ["toolchains.nvcc.flags", "'-O3'"]),
+    (lambda r: r["modules"].update({"Bad-Name": r["modules"]["convert_fp8"]}),
+     ["modules.Bad-Name", "'Bad-Name'"]),
+])
+def test_validation_errors_name_key_and_value(mutate, needles):
+    msg = _bad(mutate)
+    for n in needles:
+        assert n in msg, f"{n!r} not in {msg!r}"
+
+
+def test_check_params_errors_list_allowed_values():
+    raw = real_raw()
+    raw["modules"] = {"dec": {
+        "template": "dec.cu.j2",
+        "params": {"arch": ["sm_90a"], "block_m": [64, 128], "page_size": [1, 2, 4, 64],
+                   "mask": ["none", "causal"]},
+        "default_variants": [{"arch": "sm_90a", "block_m": 128, "page_size": 64, "mask": "none"}],
+        "flags": {}, "third_party": [], "experimental": False}}
+    m = validate(raw).module("dec")
+    full = dict(m.default_variants[0])
+    with pytest.raises(ParamError, match=r"missing parameter\(s\) page_size.*allowed: 1, 2, 4"):
+        m.check_params({k: v for k, v in full.items() if k != "page_size"})
+    with pytest.raises(ParamError, match=r"block_m=96 is not allowed; allowed: 64, 128"):
+        m.check_params({**full, "block_m": 96})
+    with pytest.raises(ParamError, match=r"block_m='64' is not allowed"):
+        m.check_params({**full, "block_m": "64"})
+    with pytest.raises(ParamError, match=r"block_m=True is not allowed"):
+        m.check_params({**full, "block_m": True})
+    with pytest.raises(ParamError, match="unknown parameter.*heads"):
+        m.check_params({**full, "heads": 16})
+    assert m.coerce_params({"block_m": "64", "mask": "causal"}) == {"block_m": 64, "mask": "causal"}
+    with pytest.raises(ParamError, match="allowed: 'none', 'causal'"):
+        m.coerce_params({"mask": "sliding"})
+
+
+def test_unknown_module_lists_modules():
+    with pytest.raises(KeyError, match="convert_fp8"):
+        load_config(paths.JIT_CONFIG_PATH).module("nope")
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "gfx942", "gfx950"])
+def test_render_convert_fp8_any_arch_without_toolchain(arch):
+    m = load_config(paths.JIT_CONFIG_PATH).module("convert_fp8")
+    r = render(m, {"arch": arch, "out_dtype": "bf16"}, paths.TEMPLATES_DIR)
+    assert f"arch={arch}" in r.text and "aiter_mla_convert_fp8" in r.text
+    assert ("cuda_fp8.h" in r.text) == (arch == "sm_90a")
+    assert set(r.headers) == {"common/aiter_mla_common.cuh", "common/aiter_mla_numeric.cuh"}
+
+
+def _module(tmp_path, template_text, params=None):
+    (tmp_path / "t.cu.j2").write_text(template_text)
+    raw = real_raw()
+    raw["modules"] = {"t": {"template": "t.cu.j2", "params": params or {"arch": ["sm_90a"]},
+                            "default_variants": [], "flags": {}, "third_party": [],
+                            "experimental": False}}
+    return validate(raw).module("t")
+
+
+def test_strict_undefined_names_the_missing_variable(tmp_path):
+    m = _module(tmp_path, "int x = {{ block_q }};\n")
+    with pytest.raises(RenderError) as ei:
+        render(m, {"arch": "sm_90a"}, tmp_path)
+    msg = str(ei.value)
+    assert "block_q" in msg and "t(arch=sm_90a)" in msg and "defined: arch" in msg
+
+
+def test_template_gets_work_info_constants(tmp_path):
+    m = _module(tmp_path, "{{ WI_KV_END }} {{ WORK_INFO_INTS }} {{ arch_family }} {{ module }}\n")
+    assert render(m, {"arch": "sm_90a"}, tmp_path).text == "5 8 nvidia t\n"
+
+
+def test_missing_template_and_syntax_error(tmp_path):
+    m = _module(tmp_path, "{% if %}\n")
+    with pytest.raises(RenderError, match="template error"):
+        render(m, {"arch": "sm_90a"}, tmp_path)
+    (tmp_path / "t.cu.j2").unlink()
+    with pytest.raises(RenderError, match="does not exist"):
+        render(m, {"arch": "sm_90a"}, tmp_path)

@@ -1,0 +1,175 @@
+"""Cache-key sensitivity (DESIGN §3; jit_cache_practices.md §7 rows 8, 9, 10, 11, 20).
+
+Every input that changes the artifact changes the key; inputs that do not (cache location,
+checkout location, neutral env vars, unrelated headers) leave it alone.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from aiter_mla import env
+from aiter_mla.jit import core, key as keymod
+from aiter_mla.jit.toolchain import KEY_ENV
+
+P = dict(arch="sm_90a", n=1, flavor="a")
+
+
+def k(**params):
+    core.reset_state()
+    return core.variant_key("fake", **(params or P))[0]
+
+
+def _flip_byte(path, old: str, new: str):
+    text = path.read_text()
+    assert old in text and len(old) == len(new)
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_key_is_sha256_of_the_stored_manifest(fake_jit):
+    key, manifest = core.variant_key("fake", **P)
+    assert key == keymod.sha256_json(manifest)
+    r = core.build_variant("fake", **P)
+    assert r.entry.path.name == key
+    meta = json.loads((r.entry.path / "meta.json").read_text())
+    assert keymod.key_of(meta["manifest"]) == key
+    # Readable names live only in metadata, never in paths.
+    assert meta["variant"] == "fake(arch=sm_90a, flavor=a, n=1)"
+    assert "fake" not in str(r.entry.path.relative_to(fake_jit.root))
+
+
+def test_param_order_and_repeat_do_not_matter(fake_jit):
+    assert k(arch="sm_90a", n=1, flavor="a") == k(flavor="a", n=1, arch="sm_90a")
+
+
+def test_params_change_key(fake_jit):
+    assert k(**P) != k(arch="sm_90a", n=2, flavor="a")
+    assert k(**P) != k(arch="sm_90a", n=1, flavor="b")
+
+
+def test_template_byte_changes_key(fake_jit):
+    before = k()
+    _flip_byte(fake_jit.templates / "fake.cu.j2", "// fake module", "// fake mOdule")
+    assert k() != before
+
+
+def test_jinja_comment_change_changes_key(fake_jit):
+    # The rendered source is identical, but the template's bytes are in the key (DESIGN §3).
+    before = k()
+    t = fake_jit.templates / "fake.cu.j2"
+    t.write_text("{# a comment #}" + t.read_text())
+    assert k() != before
+
+
+def test_included_header_byte_changes_key_transitively(fake_jit):
+    before = k()
+    _flip_byte(fake_jit.templates / "common" / "fake_inner.cuh", "FAKE_INNER 1", "FAKE_INNER 2")
+    assert k() != before
+
+
+def test_unrelated_header_does_not_change_key(fake_jit):
+    before = k()
+    _flip_byte(fake_jit.templates / "common" / "unrelated.cuh", "UNRELATED 1", "UNRELATED 2")
+    assert k() == before
+
+
+def test_module_flag_changes_key(fake_jit):
+    before = k()
+    _flip_byte(fake_jit.config, "-DFAKE_MODULE=1", "-DFAKE_MODULE=2")
+    assert k() != before
+
+
+def test_toolchain_default_flag_changes_key(fake_jit):
+    before = k()
+    _flip_byte(fake_jit.config, '"-O3"', '"-O2"')
+    assert k() != before
+
+
+def test_arch_changes_key(fake_jit, monkeypatch):
+    from conftest import fake_config
+
+    cfg = fake_config()
+    cfg["modules"]["fake"]["params"]["arch"] = ["sm_90a", "gfx942"]
+    fake_jit.write_config(cfg)
+    monkeypatch.setenv("AITER_MLA_CLANG", str(fake_jit.compiler))  # stands in for clang-19
+    assert k(arch="sm_90a", n=1, flavor="a") != k(arch="gfx942", n=1, flavor="a")
+
+
+def test_compiler_version_output_changes_key(fake_jit):
+    before = k()
+    fake_jit.set_version("v2-with-a-longer-version-string")
+    assert k() != before
+
+
+def test_compiler_identity_remembered_on_disk_by_path_size_mtime(fake_jit):
+    k()
+    records = list((fake_jit.root / "toolchains").glob("*.json"))
+    assert len(records) == 1
+    rec = json.loads(records[0].read_text())
+    st = fake_jit.compiler.stat()
+    assert (rec["size"], rec["mtime_ns"]) == (st.st_size, st.st_mtime_ns)
+    assert "fake nvcc" in rec["version"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n, v in env.registry().items() if v.key_changing))
+def test_each_key_changing_env_var_changes_key(fake_jit, monkeypatch, name):
+    before = k()
+    monkeypatch.setenv(name, "1" if env.registry()[name].default == "0" else "-DSOMETHING")
+    after = k()
+    claimed_by_nvcc = name in KEY_ENV["nvcc"]
+    unclaimed = not any(name in v for v in KEY_ENV.values())
+    if claimed_by_nvcc or unclaimed:
+        assert after != before
+    else:  # e.g. AITER_MLA_EXTRA_HIP_FLAGS cannot change an nvcc build
+        assert after == before
+
+
+@pytest.mark.parametrize("name", sorted(n for n, v in env.registry().items() if v.key_changing))
+def test_unset_equals_default(fake_jit, monkeypatch, name):
+    default = env.registry()[name].default
+    monkeypatch.delenv(name, raising=False)
+    unset = k()
+    monkeypatch.setenv(name, default or "")
+    assert k() == unset
+
+
+@pytest.mark.parametrize("name,value", [("AITER_MLA_VERBOSE", "1"),
+                                        ("AITER_MLA_LOCK_TIMEOUT", "5"),
+                                        ("AITER_ENABLE_EXPERIMENTAL", "1"),
+                                        ("AITER_REBUILD", "1"),
+                                        ("CU_NUM", "80")])
+def test_neutral_env_vars_do_not_change_key(fake_jit, monkeypatch, name, value):
+    before = k()
+    monkeypatch.setenv(name, value)
+    assert k() == before
+
+
+def test_cache_and_checkout_locations_do_not_change_key(fake_jit, monkeypatch, tmp_path):
+    before = k()
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(tmp_path / "other-cache"))
+    assert k() == before
+    moved = tmp_path / "elsewhere" / "templates"
+    shutil.copytree(fake_jit.templates, moved)
+    monkeypatch.setenv("AITER_MLA_TEMPLATES_DIR", str(moved))
+    assert k() == before
+
+
+def test_every_key_changing_var_is_read_by_some_toolchain():
+    """A key-changing variable no toolchain reads would be a knob that does nothing."""
+    claimed = {v for names in KEY_ENV.values() for v in names}
+    declared = {n for n, v in env.registry().items() if v.key_changing}
+    assert declared <= claimed, f"key-changing but read by no toolchain: {declared - claimed}"
+
+
+def test_real_config_keys_differ_per_arch_and_need_no_gpu(jit_clean, tmp_path, monkeypatch):
+    """The real convert_fp8 keys for sm_90a and gfx942 differ (skipped without nvcc/clang)."""
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(tmp_path))
+    if not shutil.which("nvcc") or not shutil.which("clang-19"):
+        pytest.skip("needs nvcc and clang-19 on PATH")
+    a = core.variant_key("convert_fp8", arch="sm_90a", out_dtype="bf16")[1]
+    b = core.variant_key("convert_fp8", arch="gfx942", out_dtype="bf16")[1]
+    assert a["arch"] == "sm_90a" and b["arch"] == "gfx942"
+    assert keymod.key_of(a) != keymod.key_of(b)
+    assert a["headers"].keys() == {"common/aiter_mla_common.cuh", "common/aiter_mla_numeric.cuh"}

@@ -1,0 +1,192 @@
+"""Toolchains: real nvcc (sm_90a) and clang-19 (gfx942 compile check) builds, missing-toolchain
+and failed-compile errors, and the portable fp8/bf16 bit code checked against torch."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiter_mla.jit import core
+from aiter_mla.jit.toolchain import BuildError, ToolchainError, find_compiler
+
+REPO = Path(__file__).resolve().parent.parent
+HAS_NVCC = bool(shutil.which("nvcc"))
+HAS_CLANG19 = bool(shutil.which("clang-19"))
+
+
+@pytest.fixture
+def real_jit(jit_clean, tmp_path, monkeypatch):
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not on PATH (install the CUDA toolkit)")
+def test_real_nvcc_build_of_convert_fp8_for_sm90a(real_jit):
+    """The real template through render -> key -> nvcc -> verify -> publish -> ctypes load.
+    No GPU is needed to compile or to load the library (it calls the runtime only when used)."""
+    m = core.get_module("convert_fp8", arch="sm_90a", out_dtype="bf16")
+    assert m.lib_path.name == "lib.so" and m.lib_path.parent.name == m.key
+    assert m.error_string(0) == "no error"
+    fn = m.function("aiter_mla_convert_fp8",
+                    [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                     ctypes.c_int, ctypes.c_void_p], ctypes.c_int)
+    assert fn is not None
+    meta = core.build_variant("convert_fp8", arch="sm_90a", out_dtype="bf16").entry.meta
+    assert "-gencode=arch=compute_90a,code=sm_90a" in meta["command"]
+    assert meta["manifest"]["toolchain"]["kind"] == "nvcc"
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump:  # the SASS really is sm_90a, with no PTX for the driver to JIT
+        out = subprocess.run([cuobjdump, "--list-elf", "--list-ptx", str(m.lib_path)],
+                             capture_output=True, text=True).stdout
+        assert "sm_90a" in out and ".ptx" not in out
+
+
+@pytest.mark.skipif(not HAS_CLANG19, reason="clang-19 not installed (apt-get install clang-19 "
+                                            "lld-19): the gfx942 compile check is skipped")
+def test_gfx942_compile_check_with_clang19(real_jit, monkeypatch):
+    monkeypatch.setenv("ROCM_PATH", str(real_jit / "no-rocm"))  # force the clang path
+    if Path("/opt/rocm/bin/hipcc").exists() or shutil.which("hipcc"):
+        pytest.skip("ROCm is installed: gfx942 builds a loadable module with hipcc instead")
+    r = core.build_variant("convert_fp8", arch="gfx942", out_dtype="bf16")
+    assert r.entry.artifact.name == "code.hsaco" and not r.entry.loadable
+    head = r.entry.artifact.read_bytes()[:64]
+    assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 224  # EM_AMDGPU
+    assert int.from_bytes(head[48:52], "little") & 0xFF == 0x4C  # EF_AMDGPU_MACH gfx942
+    with pytest.raises(core.CompileOnlyError, match="cannot be loaded"):
+        core.get_module("convert_fp8", arch="gfx942", out_dtype="bf16")
+
+
+@pytest.mark.skipif(not HAS_CLANG19, reason="clang-19 not installed")
+def test_gfx950_needs_newer_toolchain_says_so(real_jit, monkeypatch):
+    monkeypatch.setenv("ROCM_PATH", str(real_jit / "no-rocm"))
+    if Path("/opt/rocm/bin/hipcc").exists() or shutil.which("hipcc"):
+        pytest.skip("ROCm is installed")
+    with pytest.raises(ToolchainError, match="gfx950 needs a newer toolchain.*clang 20"):
+        core.build_variant("convert_fp8", arch="gfx950", out_dtype="bf16")
+
+
+def test_missing_nvcc_says_what_to_install(jit_clean, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nothing"))
+    monkeypatch.setattr("os.path.isfile", lambda p: False)  # hide /usr/local/cuda too
+    with pytest.raises(ToolchainError) as ei:
+        find_compiler("sm_90a", None)
+    msg = str(ei.value)
+    assert "CUDA toolkit" in msg and "AITER_MLA_NVCC" in msg and "CUDA_HOME" in msg
+
+
+def test_bad_explicit_compiler_path_is_named(jit_clean, monkeypatch, tmp_path):
+    monkeypatch.setenv("AITER_MLA_NVCC", str(tmp_path / "nvcc-missing"))
+    with pytest.raises(ToolchainError, match="AITER_MLA_NVCC=.*not an executable"):
+        find_compiler("sm_90a", None)
+
+
+def test_missing_amd_toolchain_says_what_to_install(jit_clean, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "nothing"))
+    monkeypatch.setattr("os.path.isfile", lambda p: False)
+    with pytest.raises(ToolchainError) as ei:
+        find_compiler("gfx942", None)
+    msg = str(ei.value)
+    assert "ROCm" in msg and "clang-19" in msg and "AITER_MLA_CLANG" in msg
+
+
+def test_failed_compile_carries_stderr_params_and_source(fake_jit, monkeypatch):
+    monkeypatch.setenv("FAKE_CC_MODE", "fail")
+    with pytest.raises(BuildError) as ei:
+        core.get_module("fake", arch="sm_90a", n=7, flavor="b")
+    e = ei.value
+    assert e.returncode == 2
+    assert "fake-nvcc: error: something is wrong at line 3" in e.stderr_tail
+    assert e.params == {"arch": "sm_90a", "flavor": "b", "n": 7}
+    assert e.source_path.is_file() and "n=7 flavor=b" in e.source_path.read_text()
+    msg = str(e)
+    assert "something is wrong" in msg and str(e.source_path) in msg and "'n': 7" in msg
+    assert (e.source_path.parent / "build.log").is_file()
+
+
+def test_verbose_prints_build_command(fake_jit, monkeypatch, capsys):
+    monkeypatch.setenv("AITER_MLA_VERBOSE", "1")
+    core.build_variant("fake", arch="sm_90a", n=1, flavor="a")
+    assert str(fake_jit.compiler) in capsys.readouterr().err
+
+
+NUMERIC_TEST_C = r"""
+#include <stdio.h>
+#include "common/aiter_mla_numeric.cuh"
+int main(int argc, char** argv) {
+  for (int c = 0; c < 256; ++c) printf("%.9g\n", aiter_mla_e4m3fn_to_float((uint8_t)c));
+  float f;
+  while (scanf("%f", &f) == 1) printf("%u\n", (unsigned)aiter_mla_float_to_bf16_bits(f));
+  return 0;
+}
+"""
+
+
+def test_portable_fp8_and_bf16_bit_code_matches_torch(tmp_path):
+    """The AMD path of convert_fp8 decodes e4m3fn and rounds to bf16 by bit manipulation;
+    checked here on the host against torch for all 256 codes and edge-case floats."""
+    torch = pytest.importorskip("torch")
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("needs a host C++ compiler")
+    src = tmp_path / "t.cpp"
+    src.write_text(NUMERIC_TEST_C)
+    exe = tmp_path / "t"
+    subprocess.run([cxx, "-O1", "-std=c++17", f"-I{REPO / 'templates'}", str(src), "-o", str(exe)],
+                   check=True)
+    g = torch.Generator().manual_seed(0)
+    floats = torch.cat([
+        torch.randn(4000, generator=g, dtype=torch.float64) * 100,
+        torch.tensor([0.0, -0.0, 1.0, -1.0, 448.0, 1e-30, -3.4e38, 3.4e38, 1.00390625,
+                      1.01171875, 2.0 ** -133]),  # ties to even and subnormals
+    ]).to(torch.float32)
+    proc = subprocess.run([str(exe)], input="\n".join(f"{v:.9g}" for v in floats.tolist()),
+                          capture_output=True, text=True, check=True)
+    lines = proc.stdout.split()
+    ours = torch.tensor([float(x) for x in lines[:256]], dtype=torch.float32)
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
+    nan = torch.isnan(codes)
+    assert torch.equal(torch.isnan(ours), nan) and int(nan.sum()) == 2  # 0x7f, 0xff
+    assert torch.equal(ours[~nan], codes[~nan])
+    assert torch.equal(torch.signbit(ours[~nan]), torch.signbit(codes[~nan]))
+    parsed = torch.tensor([float(f"{v:.9g}") for v in floats.tolist()], dtype=torch.float32)
+    want = parsed.to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
+    got = torch.tensor([int(x) for x in lines[256:]], dtype=torch.int64)
+    assert torch.equal(got, want)
+
+
+def test_common_header_compiles_in_every_mode(tmp_path):
+    """The shared header parses as plain host C++ for the numeric part and, with clang-19,
+    in the device-only HIP mode the gfx942 check uses (other modules' templates rely on it)."""
+    if not HAS_CLANG19:
+        pytest.skip("clang-19 not installed (apt-get install clang-19 lld-19)")
+    src = tmp_path / "t.hip"
+    src.write_text('#include "common/aiter_mla_common.cuh"\n'
+                   "__global__ void k(float* x, long long* y, int n) {\n"
+                   "  __shared__ float s[64];\n"
+                   "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+                   "  s[threadIdx.x % 64] = i < n ? x[i] : 0.f;\n"
+                   "  __syncthreads();\n"
+                   "  float v = __shfl_xor(s[threadIdx.x % 64], 1) + expf(1.f) + min(i, n);\n"
+                   "  y[0] = __shfl_up((long long)i, 1u) + __any(v > 0.f) + __ffsll(7ll);\n"
+                   "  if (i < n) x[i] = v + (float)gridDim.x;\n"
+                   "}\n"
+                   "AITER_MLA_EXPORT int launch(float* x, long long* y, int n, void* s) {\n"
+                   "  k<<<dim3(1), dim3(64), 0, (cudaStream_t)s>>>(x, y, n);\n"
+                   "  return cudaGetLastError();\n}\n")
+    subprocess.run(["clang-19", "-x", "hip", "--offload-arch=gfx942", "-nogpuinc", "-nogpulib",
+                    "--cuda-device-only", "--no-gpu-bundle-output", "-c", "-O3", "-std=c++17",
+                    "-DAITER_MLA_HIP_DEVICE_ONLY=1", f"-I{REPO / 'templates'}", str(src), "-o",
+                    str(tmp_path / "t.hsaco")], check=True)
+    assert (tmp_path / "t.hsaco").stat().st_size > 0
+
+
+def test_python_is_not_in_the_key_of_a_c_abi_library(fake_jit):
+    _, manifest = core.variant_key("fake", arch="sm_90a", n=1, flavor="a")
+    text = str(manifest)
+    assert sys.version.split()[0] not in text and "torch" not in text

@@ -1,0 +1,809 @@
+"""The split-KV work scheduler (aiter_mla.ops.metadata*, templates/mla_metadata.cu.j2).
+
+Three independent pieces are checked against each other:
+
+* ``check_schedule`` below, a property checker written from the issue's acceptance list
+  (coverage exactly once and in order, AITER field order, split tiles >= 2 pieces with distinct
+  partial rows, reduce maps, buffer bounds, per-cluster cost, every row of a split piece sees a
+  key), applied to the Python reference under hypothesis;
+* the Python reference (metadata_reference.py, greedy over clusters with a budget);
+* the device kernel (prefix-sum positions, cut list, thread per batch/cut), run on the CPU
+  through a thread-per-CUDA-thread emulator (mla_metadata_host_emu.cpp) of the very same
+  template text, and on the GPU (tests marked ``gpu``) through get_mla_metadata_v1.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aiter_mla import arch, paths, work_info
+from aiter_mla.ops import metadata as md
+from aiter_mla.ops.metadata_reference import (
+    num_splits_for,
+    overhead_blocks,
+    reference_schedule,
+    to_buffers,
+)
+from aiter_mla.work_info import WI, WORK_INFO_INTS
+
+PAGE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+SENTINEL = -77777
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+# ------------------------------------------------------------------------------------------
+# inputs
+
+
+def make_inputs(kv_tokens, qlens, page_size, kv_base=0):
+    """(qo_indptr, kv_indptr [pages], kv_last_page_lens) lists for per-batch token counts."""
+    kv, lpl, qo = [kv_base], [], [0]
+    for t, q in zip(kv_tokens, qlens):
+        pages = -(-t // page_size)
+        kv.append(kv[-1] + pages)
+        lpl.append(t - (pages - 1) * page_size if pages else 1)
+        qo.append(qo[-1] + q)
+    return qo, kv, lpl
+
+
+def random_lengths(rng: random.Random, kind: str, B: int, page_size: int, G: int) -> list[int]:
+    blk = page_size * G
+    if kind == "uniform":
+        n = rng.randint(0, 131072)
+        return [n] * B
+    if kind == "random":
+        return [rng.randint(0, 131072) for _ in range(B)]
+    if kind == "tiny":
+        return [rng.randint(0, 3 * blk) for _ in range(B)]
+    if kind == "zeros":
+        return [0 if rng.random() < 0.7 else rng.randint(1, 20000) for _ in range(B)]
+    if kind == "edges":  # lengths at and next to block boundaries: where cuts and tails meet
+        return [max(0, rng.randint(0, 40) * blk + rng.choice([-8, -1, 0, 1, 2, 7, 9]))
+                for _ in range(B)]
+    if kind == "one_big":
+        out = [rng.randint(0, 64) for _ in range(B)]
+        out[rng.randrange(B)] = rng.randint(10000, 131072)
+        return out
+    raise ValueError(kind)
+
+
+KINDS = ["uniform", "random", "tiny", "zeros", "edges", "one_big"]
+
+
+# ------------------------------------------------------------------------------------------
+# the independent checker
+
+
+def tail_blocks_bound(thr: int, page_size: int, G: int) -> int:
+    """Most blocks the tail rule can add to a cluster: a refused cut leaves < thr tokens, i.e.
+    at most floor((thr - 2) / page_size) + 1 pages (the last one partial)."""
+    if thr < 2:
+        return 0
+    pages = (thr - 2) // page_size + 1
+    return -(-pages // G)
+
+
+def check_schedule(qo, kv, lpl, *, work_indptr, work_info, reduce_indptr, reduce_final_map,
+                   reduce_partial_map, num_clusters, page_size, G, max_seqlen_qo, msb=-1,
+                   info_sizes=None):
+    """Assert every property of a valid schedule. Lists in, nothing out."""
+    B = len(kv) - 1
+    C = num_clusters
+    W = len(work_info)
+    ovh = max(1, -(-16 // page_size))
+    tokens = [0 if kv[b + 1] == kv[b] else
+              (kv[b + 1] - kv[b] if page_size == 1 else (kv[b + 1] - kv[b] - 1) * page_size + lpl[b])
+              for b in range(B)]
+
+    # work_indptr: C + 1 monotone entries from 0 to W
+    assert len(work_indptr) == C + 1
+    assert work_indptr[0] == 0 and work_indptr[-1] == W
+    assert all(a <= b for a, b in zip(work_indptr, work_indptr[1:]))
+    cluster_of = []
+    for c in range(C):
+        cluster_of += [c] * (work_indptr[c + 1] - work_indptr[c])
+
+    # field order and per-work values
+    pieces: dict[int, list[int]] = {b: [] for b in range(B)}
+    prev = (-1, -1)
+    for w, r in enumerate(work_info):
+        assert len(r) == WORK_INFO_INTS == 8
+        b = r[WI["batch_idx"]]
+        assert 0 <= b < B
+        assert r[WI["qo_start"]] == qo[b] and r[WI["qo_end"]] == qo[b + 1]
+        assert r[WI["padding"]] == 0
+        assert kv[b] <= r[WI["kv_start"]] <= r[WI["kv_end"]] <= kv[b + 1]
+        # works are in (batch, kv) order: batches visited in index order, pieces in KV order
+        assert (b, r[WI["kv_start"]]) > prev
+        prev = (b, r[WI["kv_start"]])
+        pieces[b].append(w)
+
+    partial_rows = []
+    entries_seen = 0
+    for b in range(B):
+        ws = pieces[b]
+        assert ws, f"batch {b} has no work"
+        recs = [work_info[w] for w in ws]
+        qlen = qo[b + 1] - qo[b]
+        # coverage: pages exactly once and in order; tokens exactly once via kv_offset
+        assert recs[0][WI["kv_start"]] == kv[b] and recs[-1][WI["kv_end"]] == kv[b + 1]
+        pos_tok = 0
+        for i, r in enumerate(recs):
+            if i:
+                assert r[WI["kv_start"]] == recs[i - 1][WI["kv_end"]]
+            if len(recs) > 1:
+                assert r[WI["kv_start"]] < r[WI["kv_end"]], "empty piece in a split batch"
+            start_tok = (r[WI["kv_start"]] - kv[b]) * page_size
+            assert start_tok == pos_tok
+            if r[WI["kv_end"]] == kv[b + 1]:
+                assert r[WI["kv_offset"]] == 0
+                end_tok = tokens[b]
+            else:
+                end_tok = (r[WI["kv_end"]] - kv[b]) * page_size
+                assert r[WI["kv_offset"]] == tokens[b] - end_tok > 0
+                assert (r[WI["kv_end"]] - kv[b]) % G == 0, "cut not on a granularity boundary"
+            assert end_tok >= start_tok
+            pos_tok = end_tok
+            # consecutive pieces sit on consecutive clusters
+            if i:
+                assert cluster_of[ws[i]] == cluster_of[ws[i - 1]] + 1
+        assert pos_tok == tokens[b]
+        if tokens[b] == 0:
+            assert len(recs) == 1 and recs[0][WI["kv_start"]] == recs[0][WI["kv_end"]]
+        # reduce structures
+        assert tuple(reduce_final_map[b]) == (qo[b], qo[b + 1])
+        n_red = reduce_indptr[b + 1] - reduce_indptr[b]
+        locs = [r[WI["partial_qo_loc"]] for r in recs]
+        if len(recs) == 1:
+            assert locs == [-1] and n_red == 0
+        else:
+            assert n_red == len(recs) >= 2
+            assert all(loc >= 0 for loc in locs)
+            assert reduce_partial_map[reduce_indptr[b]:reduce_indptr[b + 1]] == locs
+            partial_rows += [(loc, loc + qlen) for loc in locs]
+            entries_seen += n_red
+            # §5.6: every q row of every split piece sees at least one key
+            for r in recs:
+                start_tok = (r[WI["kv_start"]] - kv[b]) * page_size
+                assert start_tok <= tokens[b] - qlen, "a causal row would see no key"
+    assert reduce_indptr[0] == 0 and reduce_indptr[B] == entries_seen == len(reduce_partial_map)
+    partial_rows.sort()
+    assert all(a[1] <= b[0] for a, b in zip(partial_rows, partial_rows[1:])), "partial rows overlap"
+
+    # at most one cut per cluster, and it is the cluster's last work
+    for c in range(C):
+        ws = list(range(work_indptr[c], work_indptr[c + 1]))
+        cuts = [w for w in ws if work_info[w][WI["kv_end"]] != kv[work_info[w][0] + 1]]
+        assert cuts in ([], [ws[-1]] if ws else [])
+
+    # buffer bounds (the info function's sizes)
+    N = num_splits_for(C, msb, B)
+    assert W <= B + N - 1 if B else W == 0
+    assert len(reduce_partial_map) <= max(0, min(B + N - 1, 2 * (N - 1)))
+    if partial_rows:
+        assert partial_rows[-1][1] <= len(reduce_partial_map) * max_seqlen_qo
+    if info_sizes is not None:
+        (n_ptrs, n_indptr, n_works, n_rindptr, n_final, n_partial) = info_sizes
+        assert n_ptrs == 2 and n_indptr >= C + 1 and n_works >= W
+        assert n_rindptr >= B + 1 and n_final >= B and n_partial >= len(reduce_partial_map)
+
+    # balance: no cluster exceeds the payload by more than one piece's overhead (or, for
+    # max_seqlen_qo > 8, the few blocks the tail rule may add)
+    S = sum(-(-(kv[b + 1] - kv[b]) // G) + ovh for b in range(B))
+    payload = -(-S // N) + ovh
+    slack = max(ovh, tail_blocks_bound(max_seqlen_qo, page_size, G))
+    if max_seqlen_qo <= 8:
+        assert slack == ovh
+    for c in range(C):
+        cost = sum(-(-(work_info[w][WI["kv_end"]] - work_info[w][WI["kv_start"]]) // G) + ovh
+                   for w in range(work_indptr[c], work_indptr[c + 1]))
+        assert cost <= payload + slack, f"cluster {c} cost {cost} > {payload} + {slack}"
+
+
+def check_reference(qo, kv, lpl, *, C, page_size, G, thr, msb=-1, heads=1):
+    s = reference_schedule(qo, kv, lpl, num_heads=heads, num_clusters=C, page_size=page_size,
+                           kv_granularity=G, max_seqlen_qo=thr, max_split_per_batch=msb)
+    check_schedule(qo, kv, lpl, work_indptr=s.work_indptr, work_info=s.work_info,
+                   reduce_indptr=s.reduce_indptr, reduce_final_map=s.reduce_final_map,
+                   reduce_partial_map=s.reduce_partial_map, num_clusters=C, page_size=page_size,
+                   G=G, max_seqlen_qo=thr, msb=msb)
+    return s
+
+
+@st.composite
+def configs(draw, max_batch=4096):
+    page_size = draw(st.sampled_from(PAGE_SIZES))
+    B = draw(st.one_of(st.integers(1, 8), st.integers(1, 300), st.integers(1, max_batch)))
+    C = draw(st.one_of(st.integers(1, 4), st.integers(1, 264), st.sampled_from([132, 264])))
+    G = draw(st.sampled_from([md.default_kv_granularity(page_size), 1, 2, 16,
+                              max(page_size, 16)]))
+    thr = draw(st.integers(1, 8))
+    msb = draw(st.sampled_from([-1, -1, -1, 1, 2, 32]))
+    kind = draw(st.sampled_from(KINDS))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = random.Random(seed)
+    lens = random_lengths(rng, kind, B, page_size, G)
+    qlens = [rng.randint(1, thr) for _ in range(B)] if draw(st.booleans()) else [thr] * B
+    return dict(lens=lens, qlens=qlens, page_size=page_size, C=C, G=G, thr=thr, msb=msb)
+
+
+# ------------------------------------------------------------------------------------------
+# reference + checker (CPU)
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs())
+def test_reference_properties(cfg):
+    qo, kv, lpl = make_inputs(cfg["lens"], cfg["qlens"], cfg["page_size"])
+    s = check_reference(qo, kv, lpl, C=cfg["C"], page_size=cfg["page_size"], G=cfg["G"],
+                        thr=cfg["thr"], msb=cfg["msb"])
+    # the buffers get_mla_metadata_info_v1 sizes for this batch count and cluster count
+    saved = {k: os.environ.get(k) for k in ("CU_NUM", "AITER_ENABLE_EXPERIMENTAL")}
+    try:
+        os.environ["CU_NUM"] = str(cfg["C"])
+        os.environ["AITER_ENABLE_EXPERIMENTAL"] = "0"
+        info = md.get_mla_metadata_info_v1(len(cfg["lens"]), cfg["thr"], 1, None, None)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    check_schedule(qo, kv, lpl, work_indptr=s.work_indptr, work_info=s.work_info,
+                   reduce_indptr=s.reduce_indptr, reduce_final_map=s.reduce_final_map,
+                   reduce_partial_map=s.reduce_partial_map, num_clusters=cfg["C"],
+                   page_size=cfg["page_size"], G=cfg["G"], max_seqlen_qo=cfg["thr"],
+                   msb=cfg["msb"], info_sizes=[shape[0] for shape, _ in info])
+
+
+def test_reference_hand_worked_example():
+    # page 64, G = 1 page, OVH = 1; batches of 100, 0 and 300 pages; 8 clusters.
+    # S = (100+1) + (0+1) + (300+1) = 404, payload = ceil(404/8) + 1 = 52.
+    qo, kv, lpl = [0, 1, 2, 3], [0, 100, 100, 400], [5, 1, 64]
+    s = check_reference(qo, kv, lpl, C=8, page_size=64, G=1, thr=1, heads=128)
+    assert s.payload == 52 and s.overhead == 1
+    rows = [tuple(r) for r in s.work_info]
+    assert rows == [
+        (0, 0, 0, 1, 0, 51, (100 - 51 - 1) * 64 + 5, 0),  # cluster 0: 51 pages + OVH = 52
+        (0, 1, 0, 1, 51, 100, 0, 0),      # cluster 1: 49 + 1 = 50, then batch 1 (cost 1)
+        (1, -1, 1, 2, 100, 100, 0, 0),    # zero-length batch: one unsplit work, kv_start == kv_end
+        (2, 2, 2, 3, 100, 151, 15936, 0),  # remain 1 <= OVH: batch 2 starts on cluster 2
+        (2, 3, 2, 3, 151, 202, 12672, 0),
+        (2, 4, 2, 3, 202, 253, 9408, 0),
+        (2, 5, 2, 3, 253, 304, 6144, 0),
+        (2, 6, 2, 3, 304, 355, 2880, 0),
+        (2, 7, 2, 3, 355, 400, 0, 0),
+    ]
+    assert s.work_indptr == [0, 1, 3, 4, 5, 6, 7, 8, 9]
+    assert s.reduce_indptr == [0, 2, 2, 8]
+    assert s.reduce_partial_map == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert s.reduce_final_map == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_zero_length_batches_get_one_unsplit_work():
+    qo, kv, lpl = make_inputs([0, 5000, 0, 0, 70000, 0], [2] * 6, 64)
+    s = check_reference(qo, kv, lpl, C=16, page_size=64, G=1, thr=2)
+    for b in (0, 2, 3, 5):
+        recs = [r for r in s.work_info if r[0] == b]
+        assert len(recs) == 1
+        r = recs[0]
+        assert r[WI["partial_qo_loc"]] == -1 and r[WI["kv_start"]] == r[WI["kv_end"]] == kv[b]
+        assert r[WI["kv_offset"]] == 0
+        assert s.reduce_indptr[b + 1] == s.reduce_indptr[b]
+    # all-empty input still gives one work per batch
+    qo, kv, lpl = make_inputs([0] * 7, [1] * 7, 16)
+    s = check_reference(qo, kv, lpl, C=3, page_size=16, G=4, thr=1)
+    assert len(s.work_info) == 7 and s.reduce_partial_map == []
+
+
+def test_paged_tail_rule_fixes_5_6():
+    # page 64, qlen 4, G 1: 3 pages holding 129 tokens (last page 1 token), 2 clusters.
+    # S = 3 + 1 = 4, delta = 2: AITER (tail rule only at page 1) cuts after page 2, leaving
+    # 1 token: q rows 0..2 would see no key in that piece. We refuse the cut.
+    qo, kv, lpl = make_inputs([129], [4], 64)
+    s = check_reference(qo, kv, lpl, C=2, page_size=64, G=1, thr=4)
+    assert len(s.work_info) == 1 and s.work_info[0][WI["partial_qo_loc"]] == -1
+    # with 4 tokens left the cut is fine
+    qo, kv, lpl = make_inputs([132], [4], 64)
+    s = check_reference(qo, kv, lpl, C=2, page_size=64, G=1, thr=4)
+    assert [r[WI["kv_offset"]] for r in s.work_info] == [4, 0]
+
+
+def test_page1_tail_rule_as_aiter():
+    # page 1: a cut is never made when fewer than max_seqlen_qo tokens would follow it
+    G = 16
+    for n in range(16 * 4, 16 * 9):
+        qo, kv, lpl = make_inputs([n], [8], 1)
+        s = check_reference(qo, kv, lpl, C=4, page_size=1, G=G, thr=8)
+        for r in s.work_info:
+            if r[WI["kv_end"]] != kv[1]:
+                assert r[WI["kv_offset"]] >= 8
+
+
+def test_bounds_are_tight():
+    # one long batch on C clusters: C works and C reduce entries, = B + C - 1 and min(.., 2(C-1))
+    for C in (2, 5, 132):
+        qo, kv, lpl = make_inputs([10**6], [1], 64)
+        s = check_reference(qo, kv, lpl, C=C, page_size=64, G=1, thr=1)
+        assert len(s.work_info) == md.max_works(1, C) == C
+        assert len(s.reduce_partial_map) == md.max_partial_entries(1, C) == C
+    assert md.max_works(0, 1) == 0 and md.max_partial_entries(5, 1) == 0
+
+
+def test_bounds_exhaustive_small():
+    """Every small configuration (incl. zero lengths, page 1 tail rule, max qlen 8) stays
+    inside the info function's bounds."""
+    rng = random.Random(7)
+    worst_w = worst_e = 0
+    for _ in range(3000):
+        ps = rng.choice([1, 2, 64])
+        G = rng.choice([1, 2, 4, 16])
+        B = rng.randint(1, 6)
+        C = rng.randint(1, 9)
+        thr = rng.randint(1, 8)
+        lens = [rng.choice([0, rng.randint(1, 40), rng.randint(1, 400)]) for _ in range(B)]
+        qo, kv, lpl = make_inputs(lens, [rng.randint(1, thr) for _ in range(B)], ps)
+        s = check_reference(qo, kv, lpl, C=C, page_size=ps, G=G, thr=thr)
+        worst_w = max(worst_w, len(s.work_info) - md.max_works(B, C))
+        worst_e = max(worst_e, len(s.reduce_partial_map) - md.max_partial_entries(B, C))
+    assert worst_w <= 0 and worst_e <= 0
+
+
+def test_int32_limits():
+    # total KV ~2**31 tokens over 4096 batches (page 256) and one batch of 2**31 - 1 tokens
+    per = (2**31 - 1) // 4096
+    qo, kv, lpl = make_inputs([per] * 4096, [1] * 4096, 256)
+    s = check_reference(qo, kv, lpl, C=132, page_size=256, G=1, thr=1)
+    assert sum(r[WI["kv_end"]] - r[WI["kv_start"]] for r in s.work_info) == kv[-1]
+    qo, kv, lpl = make_inputs([2**31 - 1], [2], 256)
+    s = check_reference(qo, kv, lpl, C=264, page_size=256, G=1, thr=2)
+    assert max(r[WI["kv_offset"]] for r in s.work_info) < 2**31
+    # page 1: kv_indptr itself is the limit (int32 pages)
+    qo, kv, lpl = make_inputs([2**30, 2**30 - 1], [1, 1], 1)
+    assert kv[-1] == 2**31 - 1
+    check_reference(qo, kv, lpl, C=132, page_size=1, G=64, thr=1)
+
+
+def test_kv_indptr_may_start_past_zero():
+    qo, kv, lpl = make_inputs([3000, 0, 9000], [1, 1, 1], 16, kv_base=1000)
+    s = check_reference(qo, kv, lpl, C=7, page_size=16, G=4, thr=1)
+    assert s.work_info[0][WI["kv_start"]] == 1000
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (dict(kv=[0, 5, 3]), "non-decreasing"),
+    (dict(qo=[0, 1, 1]), "q length of batch 1"),
+    (dict(qo=[0, 1, 10]), r"\[1, max_seqlen_qo=4\]"),
+    (dict(lpl=[0, 3]), r"kv_last_page_lens\[0\]"),
+    (dict(lpl=[17, 3]), r"kv_last_page_lens\[0\]"),
+    (dict(kv=[-1, 2, 3]), r"kv_indptr\[0\]"),
+    (dict(qo=[0, 1]), "qo_indptr must have"),
+    (dict(lpl=[1]), "kv_last_page_lens must have"),
+])
+def test_validation_errors(bad, msg):
+    args = dict(qo=[0, 1, 2], kv=[0, 2, 3], lpl=[16, 3])
+    args.update(bad)
+    with pytest.raises(ValueError, match=msg):
+        reference_schedule(args["qo"], args["kv"], args["lpl"], num_heads=16, num_clusters=4,
+                           page_size=16, kv_granularity=4, max_seqlen_qo=4)
+
+
+@pytest.mark.parametrize("kw, exc, msg", [
+    (dict(num_heads=32, max_seqlen_qo=8), NotImplementedError, "256 > 128"),
+    (dict(page_size=3), ValueError, "page_size must be a power of two"),
+    (dict(kv_granularity=0), ValueError, "kv_granularity"),
+    (dict(num_clusters=0), ValueError, "num_clusters"),
+    (dict(max_split_per_batch=0), ValueError, "max_split_per_batch"),
+    (dict(max_seqlen_qo=0), ValueError, "max_seqlen_qo"),
+])
+def test_scalar_errors(kw, exc, msg):
+    args = dict(num_heads=16, num_clusters=4, page_size=16, kv_granularity=4, max_seqlen_qo=1)
+    args.update(kw)
+    with pytest.raises(exc, match=msg):
+        reference_schedule([0, 1], [0, 2], [3], **args)
+
+
+# ------------------------------------------------------------------------------------------
+# info function and the Python op on CPU tensors
+
+
+def test_info_shapes_and_order(monkeypatch):
+    monkeypatch.setenv("CU_NUM", "132")
+    monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", "0")
+    info = md.get_mla_metadata_info_v1(256, 1, 128, torch.float8_e4m3fn, torch.float8_e4m3fn)
+    assert info == [((2,), torch.uint64), ((133,), torch.int32), ((256 + 131, 8), torch.int32),
+                    ((257,), torch.int32), ((256, 2), torch.int32), ((262,), torch.int32)]
+    # m16x4 (heads x qlen == 64) doubles the clusters only with AITER_ENABLE_EXPERIMENTAL
+    assert md.get_mla_metadata_info_v1(4, 4, 16, None, None)[1][0] == (133,)
+    monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", "1")
+    assert md.get_mla_metadata_info_v1(4, 4, 16, None, None)[1][0] == (265,)
+    assert md.get_mla_metadata_info_v1(4, 1, 128, None, None)[1][0] == (133,)
+    assert arch.num_clusters(16, 4) == 264
+
+
+@pytest.mark.parametrize("kw", [dict(is_sparse=True), dict(intra_batch_mode=True),
+                                dict(fast_mode=False)])
+def test_info_unsupported_modes(kw, monkeypatch):
+    monkeypatch.setenv("CU_NUM", "8")
+    with pytest.raises(NotImplementedError):
+        md.get_mla_metadata_info_v1(4, 1, 16, None, None, **kw)
+
+
+def alloc(info, device="cpu", fill=SENTINEL):
+    out = []
+    for shape, dtype in info:
+        if dtype == torch.uint64:
+            out.append(torch.zeros(shape, dtype=dtype, device=device))
+        else:
+            out.append(torch.full(shape, fill, dtype=dtype, device=device))
+    return out
+
+
+def call_op(bufs, qo, kv, lpl, **kw):
+    (ptrs, indptr, info_set, rindptr, final, partial) = bufs
+    dev = indptr.device
+    t = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
+    md.get_mla_metadata_v1(t(qo), t(kv), t(lpl), kw.pop("heads", 16), 1, False, ptrs,
+                           info_set, indptr, rindptr, final, partial, **kw)
+
+
+def compare_buffers(bufs, sched, B):
+    """Device/CPU buffers == reference schedule over the used prefixes; padding as specified;
+    unused rows untouched."""
+    ptrs, indptr, info_set, rindptr, final, partial = [b.cpu() for b in bufs]
+    W, E = len(sched.work_info), len(sched.reduce_partial_map)
+    wi = sched.work_indptr + [sched.work_indptr[-1]] * (indptr.numel() - len(sched.work_indptr))
+    assert indptr.tolist() == wi
+    assert info_set[:W].tolist() == [list(r) for r in sched.work_info]
+    assert (info_set[W:] == SENTINEL).all()
+    ri = sched.reduce_indptr + [sched.reduce_indptr[-1]] * (rindptr.numel() - B - 1)
+    assert rindptr.tolist() == ri
+    assert final[:B].tolist() == [list(x) for x in sched.reduce_final_map]
+    assert (final[B:] == SENTINEL).all()
+    assert partial[:E].tolist() == sched.reduce_partial_map
+    assert (partial[E:] == SENTINEL).all()
+    assert ptrs.view(torch.int64).tolist() == [bufs[1].data_ptr(), bufs[2].data_ptr()]
+
+
+def test_op_on_cpu_tensors_matches_reference(monkeypatch):
+    monkeypatch.setenv("CU_NUM", "10")
+    qo, kv, lpl = make_inputs([5000, 0, 20000, 7], [2, 1, 2, 2], 16)
+    bufs = alloc(md.get_mla_metadata_info_v1(6, 2, 16, None, None))
+    call_op(bufs, qo, kv, lpl, page_size=16, kv_granularity=4, max_seqlen_qo=2)
+    s = reference_schedule(qo, kv, lpl, num_heads=16, num_clusters=10, page_size=16,
+                           kv_granularity=4, max_seqlen_qo=2)
+    compare_buffers(bufs, s, 4)
+    rec = md.lookup_plan(bufs[2])
+    assert rec is not None and (rec.num_heads, rec.max_seqlen_qo, rec.page_size,
+                                rec.kv_granularity, rec.batch_size, rec.num_clusters) == (
+        16, 2, 16, 4, 4, 10)
+    assert rec.dtype_q == torch.bfloat16  # AITER's default when dtype_q is None
+    assert md.lookup_plan(torch.empty(3, 8, dtype=torch.int32)) is None
+
+
+def test_op_argument_checks(monkeypatch):
+    monkeypatch.setenv("CU_NUM", "10")
+    qo, kv, lpl = make_inputs([100, 200], [1, 1], 16)
+    info = md.get_mla_metadata_info_v1(2, 1, 16, None, None)
+    with pytest.raises(ValueError, match="max_seqlen_qo"):
+        call_op(alloc(info), qo, kv, lpl, page_size=16)
+    with pytest.raises(NotImplementedError):
+        call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, topk=64)
+    with pytest.raises(NotImplementedError):
+        call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, intra_batch_mode=True)
+    with pytest.raises(ValueError, match="uni_seqlen_qo"):
+        call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=2, uni_seqlen_qo=1)
+    # buffers planned for one batch are too small for two
+    small = alloc(md.get_mla_metadata_info_v1(1, 1, 16, None, None))
+    with pytest.raises(ValueError, match="reduce_indptr|reduce_final_map|work_info_set"):
+        call_op(small, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
+    bufs = alloc(info)
+    bufs[1] = bufs[1].to(torch.int64)
+    with pytest.raises(ValueError, match="work_indptr must be torch.int32"):
+        call_op(bufs, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
+    with pytest.raises(ValueError, match="seqlens_kv_indptr must be int32"):
+        b = alloc(info)
+        md.get_mla_metadata_v1(torch.tensor(qo, dtype=torch.int32), torch.tensor(kv),
+                               torch.tensor(lpl, dtype=torch.int32), 16, 1, False, *b[:1],
+                               b[2], b[1], *b[3:], max_seqlen_qo=1)
+    # uni_seqlen_qo alone is enough
+    call_op(alloc(info), qo, kv, lpl, page_size=16, uni_seqlen_qo=1)
+
+
+def test_default_kv_granularity():
+    assert [md.default_kv_granularity(p) for p in PAGE_SIZES] == [64, 32, 16, 8, 4, 2, 1, 1, 1]
+    with pytest.raises(ValueError):
+        md.default_kv_granularity(48)
+
+
+def test_metadata_cli_dump(capsys):
+    from aiter_mla.cli import main
+
+    rc = main(["metadata", "--batch", "5", "--ctx", "8192,300,0", "--heads", "16", "--qlen",
+               "2,1", "--page-size", "64", "--clusters", "8"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "cluster" in out and "split" in out and "payload" in out
+    rc = main(["metadata", "--batch", "2", "--ctx", "100", "--heads", "16", "--qlen", "9",
+               "--page-size", "64", "--clusters", "8"])
+    assert rc != 0
+
+
+# ------------------------------------------------------------------------------------------
+# the device kernel on the CPU emulator
+
+
+def render_template(arch_name: str) -> str:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.TEMPLATES_DIR)),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.globals.update(work_info.template_constants())
+    tmpl = env.get_template("mla_metadata.cu.j2")
+    return tmpl.render(arch=arch_name, module="mla_metadata",
+                       arch_family="amd" if arch_name.startswith("gfx") else "nvidia")
+
+
+class Emulator:
+    def __init__(self, lib_path: Path):
+        self.lib = ctypes.CDLL(str(lib_path))
+        self.fn = self.lib.emu_get_metadata_v1
+        vp, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        self.fn.argtypes = [vp] * 9 + [i64] * 5 + [i32] * 7 + [i32]
+        self.fn.restype = ctypes.c_int
+
+    def run(self, bufs, qo, kv, lpl, *, C, page_size, G, thr, msb=-1, nthreads=64):
+        B = len(kv) - 1
+        t = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+        qo_t, kv_t, lpl_t = t(qo), t(kv), t(lpl or [0])
+        ptrs, indptr, info_set, rindptr, final, partial = bufs
+        rc = self.fn(qo_t.data_ptr(), kv_t.data_ptr(), lpl_t.data_ptr(), ptrs.data_ptr(),
+                     indptr.data_ptr(), info_set.data_ptr(), rindptr.data_ptr(),
+                     final.data_ptr(), partial.data_ptr(), indptr.numel(), info_set.shape[0],
+                     rindptr.numel(), final.shape[0], partial.numel(), B, C,
+                     num_splits_for(C, msb, B), page_size, G, overhead_blocks(page_size), thr,
+                     nthreads)
+        assert rc == 0
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler for the kernel emulator")
+    src = render_template("sm_90a")
+    d = tmp_path_factory.mktemp("mdemu")
+    cu = d / "mla_metadata.cu"
+    cu.write_text(src)
+    harness = Path(__file__).with_name("mla_metadata_host_emu.cpp")
+    lib = d / f"emu_{hashlib.sha256(src.encode()).hexdigest()[:12]}.so"
+    cmd = [cxx, "-std=c++17", "-O1", "-pthread", "-shared", "-fPIC", "-Wall",
+           f'-DMD_RENDERED="{cu}"', str(harness), "-o", str(lib)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return Emulator(lib)
+
+
+def info_sizes(B, C):
+    return [((2,), torch.uint64), ((C + 1,), torch.int32), ((md.max_works(B, C), 8), torch.int32),
+            ((B + 1,), torch.int32), ((B, 2), torch.int32),
+            ((md.max_partial_entries(B, C),), torch.int32)]
+
+
+def emulate_and_compare(emulator, qo, kv, lpl, *, C, page_size, G, thr, msb=-1, nthreads=64,
+                        extra=0):
+    B = len(kv) - 1
+    info = [((s[0] + extra,) + s[1:], d) if i else (s, d)
+            for i, (s, d) in enumerate(info_sizes(B, C))]
+    bufs = alloc(info)
+    emulator.run(bufs, qo, kv, lpl, C=C, page_size=page_size, G=G, thr=thr, msb=msb,
+                 nthreads=nthreads)
+    s = reference_schedule(qo, kv, lpl, num_heads=1, num_clusters=C, page_size=page_size,
+                           kv_granularity=G, max_seqlen_qo=thr, max_split_per_batch=msb)
+    compare_buffers(bufs, s, B)
+    return s
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs(max_batch=1024), st.sampled_from([32, 64, 96]), st.sampled_from([0, 3]))
+def test_emulated_kernel_equals_reference(emulator, cfg, nthreads, extra):
+    qo, kv, lpl = make_inputs(cfg["lens"], cfg["qlens"], cfg["page_size"])
+    emulate_and_compare(emulator, qo, kv, lpl, C=cfg["C"], page_size=cfg["page_size"],
+                        G=cfg["G"], thr=cfg["thr"], msb=cfg["msb"], nthreads=nthreads,
+                        extra=extra)
+
+
+def test_emulated_kernel_edge_cases(emulator):
+    cases = [
+        ([], 8, 64, 1, 1),                               # no batch at all
+        ([0] * 40, 5, 16, 4, 2),                         # all zero-length
+        ([129], 2, 64, 1, 4),                            # §5.6 tail refusal
+        ([10**6], 264, 64, 1, 1),                        # one batch over every cluster
+        ([2**31 - 1], 264, 256, 1, 2),                   # 2**31 - 1 tokens in one batch
+        ([2**30, 2**30 - 1], 132, 1, 64, 1),             # page 1 at the int32 page limit
+        ([(2**31 - 1) // 4096] * 4096, 132, 256, 1, 1),  # total ~2**31 tokens, batch 4096
+        ([8192] * 256, 132, 1, 64, 1),                   # every cluster stops at a batch start
+        ([8192] * 256, 132, 64, 1, 1),                   # few stops: long runs of cuts
+        ([1, 0, 2, 0, 3] * 300, 264, 64, 1, 1),          # tiny batches, many per cluster
+    ]
+    for lens, C, ps, G, thr in cases:
+        qo, kv, lpl = make_inputs(lens, [thr] * len(lens), ps)
+        emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=ps, G=G, thr=thr)
+
+
+def test_emulated_kernel_batch_4096(emulator):
+    rng = random.Random(4096)
+    for ps, kind in ((64, "random"), (1, "zeros"), (16, "edges")):
+        G = md.default_kv_granularity(ps)
+        lens = random_lengths(rng, kind, 4096, ps, G)
+        qlens = [rng.randint(1, 4) for _ in range(4096)]
+        qo, kv, lpl = make_inputs(lens, qlens, ps)
+        emulate_and_compare(emulator, qo, kv, lpl, C=132, page_size=ps, G=G, thr=4,
+                            nthreads=128)
+
+
+def test_emulated_kernel_invalid_values_stay_in_bounds(emulator):
+    """Garbage kv_indptr / last-page lengths / q lengths: the kernel must stop and write only
+    inside the buffers (each buffer here is followed by a guard region)."""
+    rng = random.Random(3)
+    for _ in range(30):
+        B, C = rng.randint(1, 200), rng.randint(1, 40)
+        kv = [rng.randint(-2**31, 2**31 - 1) for _ in range(B + 1)]
+        qo = [rng.randint(-2**31, 2**31 - 1) for _ in range(B + 1)]
+        lpl = [rng.randint(-2**31, 2**31 - 1) for _ in range(B)]
+        guard = 64
+        info = info_sizes(B, C)
+        raw = alloc([((s[0] + guard,) + s[1:], d) for s, d in info])
+        bufs = [r[: s[0]] for r, (s, _) in zip(raw, info)]
+        emulator.run(bufs, qo, kv, lpl, C=C, page_size=rng.choice([1, 16]), G=rng.choice([1, 4]),
+                     thr=rng.randint(1, 8), nthreads=64)
+        for r, (s, d) in zip(raw[1:], info[1:]):
+            assert (r[s[0]:] == SENTINEL).all()
+
+
+def test_template_builds_for_sm90a_with_nvcc(tmp_path):
+    """The kernel source compiles for sm_90a through the JIT (no GPU needed to build)."""
+    if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
+        pytest.skip("nvcc not found")
+    from aiter_mla.jit import get_module
+
+    mod = get_module("mla_metadata", arch="sm_90a")
+    assert mod is not None
+
+
+# ------------------------------------------------------------------------------------------
+# GPU: the kernel through get_mla_metadata_v1
+
+
+def gpu_case(rng: random.Random):
+    ps = rng.choice(PAGE_SIZES)
+    B = rng.choice([1, 2, 3, rng.randint(1, 64), rng.randint(1, 512), rng.randint(1, 4096)])
+    C = rng.choice([1, 2, rng.randint(1, 264), 132, 264])
+    G = rng.choice([md.default_kv_granularity(ps), 1, 16, max(ps, 16)])
+    thr = rng.randint(1, 8)
+    heads = rng.choice([h for h in (1, 8, 16) if h * thr <= 128])
+    msb = rng.choice([-1, -1, 1, 2, 32])
+    lens = random_lengths(rng, rng.choice(KINDS), B, ps, G)
+    qlens = [rng.randint(1, thr) for _ in range(B)] if rng.random() < 0.5 else [thr] * B
+    return dict(lens=lens, qlens=qlens, ps=ps, C=C, G=G, thr=thr, heads=heads, msb=msb,
+                extra=rng.choice([0, 0, 5]))
+
+
+def gpu_run_and_compare(cfg, monkeypatch):
+    monkeypatch.setenv("CU_NUM", str(cfg["C"]))
+    monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", "0")
+    qo, kv, lpl = make_inputs(cfg["lens"], cfg["qlens"], cfg["ps"])
+    B = len(kv) - 1
+    info = md.get_mla_metadata_info_v1(B + cfg["extra"], cfg["thr"], cfg["heads"], None, None)
+    bufs = alloc(info, device="cuda")
+    call_op(bufs, qo, kv, lpl, heads=cfg["heads"], page_size=cfg["ps"],
+            kv_granularity=cfg["G"], max_seqlen_qo=cfg["thr"],
+            max_split_per_batch=cfg["msb"])
+    s = reference_schedule(qo, kv, lpl, num_heads=cfg["heads"], num_clusters=cfg["C"],
+                           page_size=cfg["ps"], kv_granularity=cfg["G"],
+                           max_seqlen_qo=cfg["thr"], max_split_per_batch=cfg["msb"])
+    torch.cuda.synchronize()
+    compare_buffers(bufs, s, B)
+    return bufs, s
+
+
+@gpu
+@needs_cuda
+def test_gpu_kernel_equals_reference_1000_configs(monkeypatch):
+    rng = random.Random(2024)
+    for i in range(1000):
+        cfg = gpu_case(rng)
+        try:
+            bufs, s = gpu_run_and_compare(cfg, monkeypatch)
+        except AssertionError:
+            print(f"config {i}: {dict(cfg, lens=cfg['lens'][:16])}", file=sys.stderr)
+            raise
+        if i % 50 == 0:  # the checker too, on a sample (it is slower than the comparison)
+            qo, kv, lpl = make_inputs(cfg["lens"], cfg["qlens"], cfg["ps"])
+            check_schedule(qo, kv, lpl, work_indptr=s.work_indptr, work_info=s.work_info,
+                           reduce_indptr=s.reduce_indptr, reduce_final_map=s.reduce_final_map,
+                           reduce_partial_map=s.reduce_partial_map, num_clusters=cfg["C"],
+                           page_size=cfg["ps"], G=cfg["G"], max_seqlen_qo=cfg["thr"],
+                           msb=cfg["msb"])
+
+
+@gpu
+@needs_cuda
+def test_gpu_batch_4096_and_global_workspace(monkeypatch):
+    rng = random.Random(11)
+    for B, ps in ((4096, 64), (4096, 1), (40000, 16)):  # 40000 batches: workspace > smem
+        G = md.default_kv_granularity(ps)
+        cfg = dict(lens=random_lengths(rng, "random", B, ps, G), qlens=[1] * B, ps=ps, C=132,
+                   G=G, thr=1, heads=16, msb=-1, extra=0)
+        gpu_run_and_compare(cfg, monkeypatch)
+
+
+@gpu
+@needs_cuda
+def test_gpu_cuda_graph_capture(monkeypatch):
+    monkeypatch.setenv("CU_NUM", "132")
+    B, ps = 64, 64
+    G = md.default_kv_granularity(ps)
+    rng = random.Random(5)
+    info = md.get_mla_metadata_info_v1(B, 2, 16, None, None)
+    bufs = alloc(info, device="cuda")
+    qo_d = torch.zeros(B + 1, dtype=torch.int32, device="cuda")
+    kv_d = torch.zeros(B + 1, dtype=torch.int32, device="cuda")
+    lpl_d = torch.ones(B, dtype=torch.int32, device="cuda")
+
+    def load(lens):
+        qo, kv, lpl = make_inputs(lens, [2] * B, ps)
+        qo_d.copy_(torch.tensor(qo, dtype=torch.int32))
+        kv_d.copy_(torch.tensor(kv, dtype=torch.int32))
+        lpl_d.copy_(torch.tensor(lpl, dtype=torch.int32))
+        return qo, kv, lpl
+
+    def op():
+        (ptrs, indptr, info_set, rindptr, final, partial) = bufs
+        md.get_mla_metadata_v1(qo_d, kv_d, lpl_d, 16, 1, False, ptrs, info_set, indptr,
+                               rindptr, final, partial, page_size=ps, kv_granularity=G,
+                               max_seqlen_qo=2)
+
+    load(random_lengths(rng, "random", B, ps, G))
+    s_side = torch.cuda.Stream()
+    with torch.cuda.stream(s_side):
+        op()  # warm-up (module load) outside capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        op()
+    for _ in range(3):
+        qo, kv, lpl = load(random_lengths(rng, rng.choice(KINDS), B, ps, G))
+        for b in bufs[1:]:
+            b.fill_(SENTINEL)
+        g.replay()
+        torch.cuda.synchronize()
+        s = reference_schedule(qo, kv, lpl, num_heads=16, num_clusters=132, page_size=ps,
+                               kv_granularity=G, max_seqlen_qo=2)
+        compare_buffers(bufs, s, B)
+
+
+@gpu
+@needs_cuda
+def test_gpu_to_buffers_matches_kernel(monkeypatch):
+    """reference to_buffers (used by other ops' tests) writes what the kernel writes."""
+    rng = random.Random(9)
+    cfg = gpu_case(rng)
+    bufs, s = gpu_run_and_compare(cfg, monkeypatch)
+    info = md.get_mla_metadata_info_v1(len(cfg["lens"]) + cfg["extra"], cfg["thr"],
+                                       cfg["heads"], None, None)
+    ref_bufs = to_buffers(s, alloc(info, device="cuda"))
+    compare_buffers(ref_bufs, s, len(cfg["lens"]))

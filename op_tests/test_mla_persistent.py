@@ -1,0 +1,648 @@
+"""GPU tests of the persistent split-KV MLA decode (aiter_mla.mla_decode_fwd / hk_mla_decode_fwd)
+against the float64 reference (aiter_mla.reference), after AITER's op_tests/test_mla_persistent.py.
+
+Every case: random q / KV, page table a random permutation with spare pages, every unused KV slot
+(spare pages and the tail of each last page) NaN, the output poisoned with NaN first (every
+element must be written). Tolerances (relative L2 vs float64): bf16 <= 5e-3; fp8 <=
+max(3e-2, 1.25 x the error of the reference with AITER's fp8-rounded P). LSE is checked too.
+
+Every GPU test runs once per sm_90a main loop (``mainloop`` fixture: "mma" and "wgmma", forced
+through ``decode.DEFAULT_MAINLOOP``), so neither kernel path can break unnoticed.
+
+A results table (case, rel L2, LSE error, tolerance) is printed at the end of the session.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import aiter_mla
+from aiter_mla import arch
+from aiter_mla.ops import decode as dec
+from aiter_mla.reference import mla_decode_ref, reduce_ref, relative_l2, split_reference
+from aiter_mla.work_info import WI, WORK_INFO_INTS
+
+D, DV = 576, 512
+FP8 = torch.float8_e4m3fn
+SM_SCALE = 1.0 / math.sqrt(D)
+PAGE_SIZES = (1, 16, 64)
+DTYPES = {"fp8": FP8, "bf16": torch.bfloat16}
+SHAPES = tuple(dec.SUPPORTED_SHAPES)
+
+HAS_GPU = torch.cuda.is_available()
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU (sm_90a); none is visible")
+
+_RESULTS: list[tuple] = []
+_LOOP = {"name": "default"}   # main loop of the running test, for the results table
+
+
+# ------------------------------------------------------------------------------------------
+# session fixtures: build every variant once, in parallel; print the results table
+
+
+def _all_variants():
+    out = []
+    for loop in dec.MAINLOOPS:
+        for heads, qlen in SHAPES:
+            for p in PAGE_SIZES:
+                for dt in DTYPES.values():
+                    v = dec.decode_variant(heads, qlen, p, dt, dt, mainloop=loop)
+                    if v not in out:
+                        out.append(v)
+    return out
+
+
+@pytest.fixture(params=dec.MAINLOOPS)
+def mainloop(request, monkeypatch):
+    """Runs the test with every op call on the given sm_90a main loop."""
+    for dt in DTYPES:
+        monkeypatch.setitem(dec.DEFAULT_MAINLOOP, dt, request.param)
+    _LOOP["name"] = request.param
+    yield request.param
+    _LOOP["name"] = "default"
+
+
+@pytest.fixture(scope="session")
+def warm():
+    """Builds (or loads) every decode variant the tests use, 16 at a time."""
+    if not HAS_GPU:
+        pytest.skip("needs an NVIDIA GPU (sm_90a); none is visible")
+    from aiter_mla.jit import get_module
+
+    variants = _all_variants()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as ex:
+        list(ex.map(lambda v: get_module("mla_decode", **v), variants))
+    return variants
+
+
+@pytest.fixture(scope="session", autouse=True)
+def results_table(request):
+    yield
+    if not _RESULTS:
+        return
+    lines = ["", f"{'case':66s} {'rel_l2':>10s} {'tol':>9s} {'lse_err':>10s}"]
+    lines += [f"{name:66s} {err:10.3e} {tol:9.2e} {lse:10.3e}" for name, err, tol, lse in _RESULTS]
+    worst = max(r[1] / r[2] for r in _RESULTS)
+    lines.append(f"{len(_RESULTS)} cases; worst rel_l2 / tol = {worst:.3f}")
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled():  # session teardown output is captured otherwise
+        print("\n".join(lines))
+
+
+# ------------------------------------------------------------------------------------------
+# problem builder
+
+
+@dataclass
+class Case:
+    q: torch.Tensor
+    kv: torch.Tensor
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    kv_last_page_lens: torch.Tensor
+    q_scale: torch.Tensor | None
+    kv_scale: torch.Tensor | None
+    heads: int
+    max_seqlen_q: int
+    page_size: int
+    kv_lens: list
+    qo_lens: list
+
+
+def make_case(heads, qlen, page_size, dtype, kv_lens, *, qo_lens=None, seed=0, spare_pages=3,
+              tokens=None, device="cuda"):
+    """A random paged problem built on ``device``; every unused KV slot is NaN. ``tokens``
+    (optional, list of [kv_len_b, 576] float tensors) fixes the KV content."""
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(seed)
+    gd = torch.Generator(device=dev).manual_seed(seed)
+    B = len(kv_lens)
+    qo_lens = list(qo_lens) if qo_lens is not None else [qlen] * B
+    pages = [math.ceil(n / page_size) for n in kv_lens]
+    num_pages = sum(pages) + spare_pages
+    perm = torch.randperm(num_pages, generator=g)
+    kv_indices = perm[: max(1, sum(pages))].to(torch.int32)  # >= 1 entry: never a 0-size tensor
+    kv_indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32)
+    last = torch.tensor([n - (p - 1) * page_size if p else page_size for n, p in zip(kv_lens, pages)],
+                        dtype=torch.int32)
+    # physical row of every real token, batch by batch
+    rows = []
+    for b, n in enumerate(kv_lens):
+        i = torch.arange(n)
+        rows.append(kv_indices[int(kv_indptr[b]) + i // page_size].long() * page_size + i % page_size)
+    rows = torch.cat(rows).to(dev) if rows else torch.zeros(0, dtype=torch.long, device=dev)
+    if tokens is not None:
+        vals = torch.cat([t.float() for t in tokens]).to(dev)
+    else:
+        vals = torch.randn(rows.numel(), D, generator=gd, device=dev)
+    kvf = torch.full((num_pages * page_size, D), float("nan"), device=dev)
+    kvf[rows] = vals
+    total_q = sum(qo_lens)
+    qf = torch.randn(total_q, heads, D, generator=gd, device=dev)
+    fp8 = dtype == FP8
+    # fp8: stored = real / scale, so the kernel must honour q_scale / kv_scale; real ~ N(0, 1)
+    q_scale, kv_scale = (0.5, 0.25) if fp8 else (None, None)
+    if fp8:
+        kv, q = (kvf / kv_scale).to(FP8), (qf / q_scale).to(FP8)
+    else:
+        kv, q = kvf.to(dtype), qf.to(dtype)
+    qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
+    return Case(
+        q=q, kv=kv.view(num_pages, page_size, 1, D), qo_indptr=qo_indptr.to(dev),
+        kv_indptr=kv_indptr.to(dev), kv_indices=kv_indices.to(dev), kv_last_page_lens=last.to(dev),
+        q_scale=torch.tensor([q_scale], device=dev) if fp8 else None,
+        kv_scale=torch.tensor([kv_scale], device=dev) if fp8 else None,
+        heads=heads, max_seqlen_q=qlen, page_size=page_size, kv_lens=list(kv_lens), qo_lens=qo_lens)
+
+
+def varlen(batch, ctx, seed):
+    g = torch.Generator().manual_seed(seed + 1000)
+    lo = min(5, ctx)
+    return torch.randint(lo, ctx + 1, (batch,), generator=g).tolist()
+
+
+def run_decode(c: Case, **kw):
+    o = torch.full((c.q.shape[0], c.heads, DV), float("nan"), dtype=torch.bfloat16, device=c.q.device)
+    logits, lse = aiter_mla.mla_decode_fwd(
+        c.q, c.kv, o, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens, c.max_seqlen_q,
+        page_size=c.page_size, sm_scale=SM_SCALE, q_scale=c.q_scale, kv_scale=c.kv_scale,
+        return_lse=True, **kw)
+    torch.cuda.synchronize()
+    return o, lse, logits
+
+
+def reference(c: Case, fp8_p=False):
+    return mla_decode_ref(c.q, c.kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens,
+                          sm_scale=SM_SCALE, q_scale=c.q_scale, kv_scale=c.kv_scale, fp8_p=fp8_p)
+
+
+def lse_error(lse, ref_lse) -> float:
+    """Max |lse - ref| over finite reference entries; inf when an infinity does not match."""
+    lse = lse.double()
+    fin = torch.isfinite(ref_lse)
+    if not torch.equal(lse[~fin], ref_lse[~fin]) or not bool(torch.isfinite(lse[fin]).all()):
+        return math.inf
+    return float((lse[fin] - ref_lse[fin]).abs().max()) if bool(fin.any()) else 0.0
+
+
+def check(name, c: Case, o, lse):
+    ref_out, ref_lse = reference(c)
+    assert bool(torch.isfinite(o).all()), f"{name}: output has unwritten (NaN) or non-finite elements"
+    err = relative_l2(o, ref_out)
+    if c.q.dtype == FP8:
+        ref8, _ = reference(c, fp8_p=True)
+        tol = max(3e-2, 1.25 * relative_l2(ref8, ref_out))
+    else:
+        tol = 5e-3
+    lerr = lse_error(lse, ref_lse)
+    _RESULTS.append((f"[{_LOOP['name']}] {name}", err, tol, lerr))
+    assert err <= tol, f"{name}: relative L2 {err:.3e} > {tol:.3e}"
+    assert lerr <= 2e-3, f"{name}: LSE error {lerr:.3e}"
+    return err
+
+
+# ------------------------------------------------------------------------------------------
+# CPU: variant selection and unsupported shapes
+
+
+def test_variant_selection():
+    v = dec.decode_variant(128, 1, 64, FP8, FP8)
+    assert v == dict(arch="sm_90a", block_m=128, page_size=64, block_n=64, mask="none",
+                     q_dtype="fp8", kv_dtype="fp8", mainloop=dec.DEFAULT_MAINLOOP["fp8"])
+    for loop in dec.MAINLOOPS:
+        w = dec.decode_variant(16, 4, 16, torch.bfloat16, torch.bfloat16, mainloop=loop)
+        assert w["mainloop"] == loop and w["mask"] == "causal"
+        assert w["block_n"] == (32 if loop == "mma" else 64)   # wgmma's unpadded bf16 tiles fit block_n 64
+    with pytest.raises(ValueError, match="mainloop"):
+        dec.decode_variant(128, 1, 64, FP8, FP8, mainloop="tma")
+    assert dec.decode_variant(16, 4, 1, torch.bfloat16, torch.bfloat16)["block_m"] == 64
+    assert dec.decode_variant(16, 4, 1, torch.bfloat16, torch.bfloat16)["mask"] == "causal"
+    assert dec.decode_variant(16, 1, 16, torch.bfloat16, torch.bfloat16, mainloop="mma")["block_n"] == 32
+    for heads, qlen in [(8, 1), (128, 2), (16, 16), (48, 1)]:
+        with pytest.raises(NotImplementedError, match=r"supported \(num_heads, max_seqlen_q\)"):
+            dec.decode_variant(heads, qlen, 64, FP8, FP8)
+    with pytest.raises(NotImplementedError, match="dtype"):
+        dec.decode_variant(128, 1, 64, FP8, torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="page_size"):
+        dec.decode_variant(128, 1, 48, FP8, FP8)
+
+
+def test_public_names():
+    assert aiter_mla.mla_decode_fwd is dec.mla_decode_fwd
+    assert aiter_mla.hk_mla_decode_fwd is dec.hk_mla_decode_fwd
+    assert hasattr(torch.ops.aiter_mla, "hk_mla_decode_fwd")
+
+
+# ------------------------------------------------------------------------------------------
+# accuracy grids
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("heads,qlen", SHAPES)
+def test_shapes(warm, mainloop, heads, qlen, page_size, dtype):
+    seed = heads * 100 + qlen * 10 + page_size
+    c = make_case(heads, qlen, page_size, DTYPES[dtype], varlen(5, 333, seed), seed=seed)
+    o, lse, _ = run_decode(c)
+    check(f"shape ({heads},{qlen}) P={page_size} {dtype} varlen", c, o, lse)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("ctx", [1, 21, 64, 513, 1200, 8192])
+@pytest.mark.parametrize("batch", [1, 3, 16, 128])
+@pytest.mark.parametrize("heads,qlen", [(128, 1), (16, 4)])
+def test_batch_ctx(warm, mainloop, heads, qlen, batch, ctx, dtype):
+    P = 64 if dtype == "fp8" else 16
+    c = make_case(heads, qlen, P, DTYPES[dtype], [ctx] * batch, seed=batch * 7 + ctx)
+    o, lse, _ = run_decode(c)
+    check(f"({heads},{qlen}) b={batch} ctx={ctx} P={P} {dtype}", c, o, lse)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("heads,qlen", [(16, 4), (32, 4), (16, 8), (16, 2)])
+def test_ragged_q(warm, mainloop, heads, qlen, dtype):
+    """qlen_b < max_seqlen_q for some batches (the last one too): nothing read or written past
+    a batch; guard rows after o stay untouched."""
+    qo_lens = [qlen, 1, max(1, qlen - 1), qlen, 1][:5]
+    c = make_case(heads, qlen, 16, DTYPES[dtype], [70, 300, 1, 129, 2000], qo_lens=qo_lens, seed=5)
+    total_q = c.q.shape[0]
+    guard = torch.full((total_q + 3, heads, DV), 7.0, dtype=torch.bfloat16, device="cuda")
+    o = guard[:total_q]
+    o.fill_(float("nan"))
+    _, lse = aiter_mla.mla_decode_fwd(
+        c.q, c.kv, o, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens, qlen,
+        page_size=16, sm_scale=SM_SCALE, q_scale=c.q_scale, kv_scale=c.kv_scale, return_lse=True)
+    torch.cuda.synchronize()
+    assert bool((guard[total_q:] == 7.0).all()), "rows past the last batch were written"
+    check(f"ragged ({heads},{qlen}) qo={qo_lens} {dtype}", c, o, lse)
+
+
+# ------------------------------------------------------------------------------------------
+# edges
+
+
+@gpu
+@needs_gpu
+def test_all_kv_empty(warm, mainloop):
+    c = make_case(16, 4, 16, torch.bfloat16, [0] * 16, seed=3)
+    o, lse, _ = run_decode(c)
+    assert bool((o == 0).all())
+    assert bool(torch.isposinf(lse).all())
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("heads,qlen", [(16, 4), (128, 1), (64, 2)])
+def test_mixed_empty(warm, mainloop, heads, qlen):
+    c = make_case(heads, qlen, 16, FP8, [0, 37, 0, 1300, 1, 0, 3], seed=11)
+    o, lse, _ = run_decode(c)
+    check(f"mixed empty ({heads},{qlen})", c, o, lse)
+    qo = c.qo_indptr.tolist()
+    for b in (0, 2, 5):
+        assert bool((o[qo[b]:qo[b + 1]] == 0).all())
+        assert bool(torch.isposinf(lse[qo[b]:qo[b + 1]]).all())
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_partial_last_page_nan(warm, mainloop, dtype):
+    """kv_len 13 with page_size 16: slots 13..15 of the page are NaN and must not leak."""
+    c = make_case(16, 2, 16, DTYPES[dtype], [13], seed=13, spare_pages=0)
+    assert bool(torch.isnan(c.kv.float()).any())
+    o, lse, _ = run_decode(c)
+    check(f"kv_len 13 P=16 NaN tail {dtype}", c, o, lse)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("heads,qlen", [(16, 4), (128, 1)])
+def test_page_size_equivalence(warm, mainloop, heads, qlen, dtype):
+    """The same tokens laid out with page sizes 1, 16, 64 give the same attention."""
+    kv_lens = [17, 33, 75, 197]
+    g = torch.Generator().manual_seed(21)
+    tokens = [torch.randn(n, D, generator=g) for n in kv_lens]
+    outs = {}
+    for P in PAGE_SIZES:
+        c = make_case(heads, qlen, P, DTYPES[dtype], kv_lens, seed=21, tokens=tokens)
+        o, lse, _ = run_decode(c)
+        check(f"page equiv ({heads},{qlen}) P={P} {dtype}", c, o, lse)
+        outs[P] = (o.double(), lse.double())
+    for P in (16, 64):
+        assert relative_l2(outs[P][0], outs[1][0]) <= 5e-3
+        assert lse_error(outs[P][1], outs[1][1]) <= 1e-3
+
+
+@gpu
+@needs_gpu
+def test_pool_over_2gib(warm, mainloop):
+    """KV pool > 2^31 bytes with the used pages beyond that offset (64-bit addressing)."""
+    P, heads, qlen = 64, 128, 1
+    row_bytes = P * D  # fp8
+    num_pages = (2**31) // row_bytes + 64
+    kv_lens = [200, 130]
+    pages = [math.ceil(n / P) for n in kv_lens]
+    small = make_case(heads, qlen, P, FP8, kv_lens, seed=31, spare_pages=0)
+    # 0x7F is NaN in e4m3fn; raw bytes because index_put is not built for fp8 everywhere
+    pool = torch.full((num_pages, P, 1, D), 0x7F, dtype=torch.uint8, device="cuda")
+    # place the used pages at the top of the pool, in the same (random) order
+    hi = torch.arange(num_pages - sum(pages), num_pages, dtype=torch.int32, device="cuda")
+    pool[hi.long()] = small.kv.view(torch.uint8)[small.kv_indices.long()]
+    pool = pool.view(FP8)
+    assert int(hi.min()) * row_bytes >= 2**31
+    c = Case(**{**small.__dict__, "kv": pool, "kv_indices": hi})
+    o, lse, _ = run_decode(c)
+    check("pool > 2 GiB, pages above 2^31 B", c, o, lse)
+    del pool
+
+
+# ------------------------------------------------------------------------------------------
+# splits by hand: the kernel's partial rows against split_reference (incl. spec 5.6)
+
+
+def manual_schedule(c: Case, cuts: dict, num_clusters: int):
+    """One work per batch piece; ``cuts[b]`` = page offsets (within batch b) where it is split.
+    Works go round-robin to clusters. Returns int32 CUDA tensors (work_indptr, work_info_set,
+    reduce_indptr, reduce_final_map, reduce_partial_map)."""
+    qo = c.qo_indptr.tolist()
+    kvp = c.kv_indptr.tolist()
+    P = c.page_size
+    per_cluster = [[] for _ in range(num_clusters)]
+    reduce_indptr, final_map, partial_map = [0], [], []
+    row = 0
+    k = 0
+    for b in range(len(qo) - 1):
+        bounds = [kvp[b]] + [kvp[b] + x for x in cuts.get(b, [])] + [kvp[b + 1]]
+        kvlen = c.kv_lens[b]
+        split = len(bounds) > 2
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            after = max(0, kvlen - (e - kvp[b]) * P) if e < kvp[b + 1] else 0
+            loc = -1
+            if split:
+                loc = row
+                partial_map.append(row)
+                row += qo[b + 1] - qo[b]
+            rec = [0] * WORK_INFO_INTS
+            rec[WI["batch_idx"]], rec[WI["partial_qo_loc"]] = b, loc
+            rec[WI["qo_start"]], rec[WI["qo_end"]] = qo[b], qo[b + 1]
+            rec[WI["kv_start"]], rec[WI["kv_end"]], rec[WI["kv_offset"]] = s, e, after
+            per_cluster[k % num_clusters].append(rec)
+            k += 1
+        reduce_indptr.append(len(partial_map))
+        final_map.append([qo[b], qo[b + 1]])
+    work_indptr = [0]
+    works = []
+    for lst in per_cluster:
+        works += lst
+        work_indptr.append(len(works))
+    t = lambda x: torch.tensor(x, dtype=torch.int32, device=c.q.device)  # noqa: E731
+    return (t(work_indptr), t(works).view(-1, WORK_INFO_INTS), t(reduce_indptr), t(final_map),
+            t(partial_map if partial_map else [0]), row)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("heads,qlen,P", [(16, 4, 64), (32, 4, 64), (128, 1, 16), (16, 8, 16)])
+def test_manual_splits(warm, mainloop, heads, qlen, P, dtype):
+    """Split pieces incl. a tail piece holding fewer tokens than qlen (spec 5.6: early rows see
+    no key -> partial 0 / LSE -inf) and an empty batch, checked partial by partial."""
+    kv_lens = [2 * P + 2, 3 * P, 0, 5 * P + 1]
+    c = make_case(heads, qlen, P, DTYPES[dtype], kv_lens, seed=41)
+    cuts = {0: [1, 2], 1: [1], 3: [2, 4]}
+    clusters = arch.num_clusters(heads, qlen)
+    work_indptr, work_info_set, reduce_indptr, final_map, partial_map, n_rows = manual_schedule(c, cuts, clusters)
+    split_out = torch.full((n_rows, 1, heads, DV), float("nan"), device="cuda")
+    split_lse = torch.full((n_rows, 1, heads, 1), float("nan"), device="cuda")
+    o = torch.full((c.q.shape[0], heads, DV), float("nan"), dtype=torch.bfloat16, device="cuda")
+    final_lse = torch.full((c.q.shape[0], heads), float("nan"), device="cuda")
+    aiter_mla.hk_mla_decode_fwd(c.q, c.kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens,
+                                work_indptr, work_info_set, qlen, SM_SCALE, split_out, split_lse, o,
+                                q_scale=c.q_scale, kv_scale=c.kv_scale, final_lse=final_lse)
+    torch.cuda.synchronize()
+    ref_out, ref_lse, p_out, p_lse = split_reference(
+        c.q, c.kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens, work_indptr,
+        work_info_set, reduce_indptr, final_map, partial_map, sm_scale=SM_SCALE,
+        q_scale=c.q_scale, kv_scale=c.kv_scale)
+    assert p_out.shape[0] == n_rows
+    # partial rows: every one written; fully masked ones exactly 0 / -inf
+    assert bool(torch.isfinite(split_out).all())
+    masked = torch.isneginf(p_lse)
+    if qlen > 2:
+        assert bool(masked.any()), "the schedule should hold a piece where some row sees no key"
+    assert bool(torch.isneginf(split_lse.view(n_rows, heads)[masked]).all())
+    assert bool((split_out.view(n_rows, heads, DV)[masked] == 0).all())
+    perr = relative_l2(split_out.view(n_rows, heads, DV), p_out)
+    assert perr <= 5e-3, f"partial outputs: rel L2 {perr:.3e}"
+    assert lse_error(split_lse.view(n_rows, heads), p_lse) <= 2e-3
+    # unsplit rows (batch 2: empty) written directly, then the reduce merges the rest
+    aiter_mla.mla_reduce_v1(split_out, split_lse, reduce_indptr, final_map, partial_map, qlen, o, final_lse)
+    torch.cuda.synchronize()
+    check(f"manual splits ({heads},{qlen}) P={P} {dtype}", c, o, final_lse)
+    err = relative_l2(o, ref_out)
+    assert err <= 1e-2
+
+
+# ------------------------------------------------------------------------------------------
+# errors
+
+
+@gpu
+@needs_gpu
+def test_input_errors(warm, mainloop):
+    c = make_case(16, 4, 16, torch.bfloat16, [40, 50], seed=51)
+    o = torch.empty((c.q.shape[0], 16, DV), dtype=torch.bfloat16, device="cuda")
+
+    def call(**kw):
+        args = dict(q=c.q, kv_buffer=c.kv, o=o, qo_indptr=c.qo_indptr, kv_indptr=c.kv_indptr,
+                    kv_indices=c.kv_indices, kv_last_page_lens=c.kv_last_page_lens,
+                    max_seqlen_q=4, page_size=16)
+        args.update(kw)
+        return aiter_mla.mla_decode_fwd(**args)
+
+    call()  # valid
+    q_short = c.q[:-1].contiguous()
+    with pytest.raises(ValueError, match="qo_indptr"):
+        call(q=q_short, o=o[:-1])
+    with pytest.raises(ValueError, match="final_output"):
+        call(o=o[:-1])
+    with pytest.raises(TypeError, match="final_output"):
+        call(o=o.float())
+    with pytest.raises(NotImplementedError, match="supported"):
+        call(kv_buffer=c.kv.to(FP8))
+    with pytest.raises(NotImplementedError, match="supported"):
+        call(max_seqlen_q=3)
+    with pytest.raises(ValueError, match="contiguous"):
+        call(q=c.q.transpose(0, 1).contiguous().transpose(0, 1))
+    with pytest.raises(ValueError, match="kv_last_page_lens"):
+        call(kv_last_page_lens=torch.tensor([0, 3], dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="kv_last_page_lens"):
+        call(kv_last_page_lens=torch.tensor([17, 3], dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="page_size"):
+        call(page_size=64)
+    with pytest.raises(NotImplementedError, match="logit_cap"):
+        call(logit_cap=30.0)
+    with pytest.raises((TypeError, ValueError), match="kv_indptr"):
+        call(kv_indptr=c.kv_indptr.long())
+    bad = c.kv_indices.clone()
+    bad[0] = 10_000
+    with pytest.raises(ValueError, match="kv_indices"):
+        call(kv_indices=bad)
+
+
+# ------------------------------------------------------------------------------------------
+# CUDA graph, torch.compile, determinism
+
+
+def plan(c: Case):
+    from aiter_mla.ops import metadata
+
+    batch = c.qo_indptr.numel() - 1
+    info = metadata.get_mla_metadata_info_v1(batch, c.max_seqlen_q, c.heads, c.q.dtype, c.kv.dtype,
+                                             is_sparse=False, fast_mode=True)
+    bufs = [torch.empty(shape, dtype=dtype, device="cuda") for shape, dtype in info]
+    fill_plan(c, bufs)
+    return bufs
+
+
+def fill_plan(c: Case, bufs):
+    from aiter_mla.ops import metadata
+
+    (work_meta_data, work_indptr, work_info_set, reduce_indptr, reduce_final_map,
+     reduce_partial_map) = bufs
+    metadata.get_mla_metadata_v1(
+        c.qo_indptr, c.kv_indptr, c.kv_last_page_lens, c.heads, 1, True, work_meta_data,
+        work_info_set, work_indptr, reduce_indptr, reduce_final_map, reduce_partial_map,
+        page_size=c.page_size, kv_granularity=metadata.default_kv_granularity(c.page_size),
+        max_seqlen_qo=c.max_seqlen_q, uni_seqlen_qo=c.max_seqlen_q, fast_mode=True,
+        dtype_q=c.q.dtype, dtype_kv=c.kv.dtype)
+
+
+def decode_with(c: Case, bufs, o, lse_out=True):
+    (work_meta_data, work_indptr, work_info_set, reduce_indptr, reduce_final_map,
+     reduce_partial_map) = bufs
+    return aiter_mla.mla_decode_fwd(
+        c.q, c.kv, o, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens, c.max_seqlen_q,
+        page_size=c.page_size, sm_scale=SM_SCALE, work_meta_data=work_meta_data,
+        work_indptr=work_indptr, work_info_set=work_info_set, reduce_indptr=reduce_indptr,
+        reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
+        q_scale=c.q_scale, kv_scale=c.kv_scale, return_lse=lse_out)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("heads,qlen", [(128, 1), (16, 4)])
+def test_cuda_graph_replay_new_lengths(warm, mainloop, heads, qlen):
+    """Capture decode + reduce once; re-fill lengths and metadata on the device; replay."""
+    P = 16
+    first = [100, 1200, 33, 7]
+    second = [2000, 5, 640, 1]  # same page budget (kv_indices capacity) and batch
+    cap_pages = sum(math.ceil(n / P) for n in second) + 8
+    # one pool big enough for both, pages assigned from a fixed permutation
+    num_pages = cap_pages + 4
+    c1 = make_case(heads, qlen, P, FP8, first, seed=61, spare_pages=num_pages - sum(math.ceil(n / P) for n in first))
+    c2 = make_case(heads, qlen, P, FP8, second, seed=62, spare_pages=num_pages - sum(math.ceil(n / P) for n in second))
+    assert c1.kv.shape == c2.kv.shape
+    # static tensors the graph reads
+    s = Case(**{**c1.__dict__})
+    s.kv = c1.kv.clone()
+    s.kv_indptr = c1.kv_indptr.clone()
+    s.kv_last_page_lens = c1.kv_last_page_lens.clone()
+    s.kv_indices = torch.zeros(cap_pages, dtype=torch.int32, device="cuda")
+    s.kv_indices[: c1.kv_indices.numel()] = c1.kv_indices
+    s.q = c1.q.clone()
+    bufs = plan(s)
+    o = torch.full((s.q.shape[0], heads, DV), float("nan"), dtype=torch.bfloat16, device="cuda")
+    decode_with(s, bufs, o)  # warm-up outside the capture (builds, sets the smem limit)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = decode_with(s, bufs, o)
+    for src in (c1, c2):
+        s.kv.copy_(src.kv)
+        s.q.copy_(src.q)
+        s.kv_indices.zero_()
+        s.kv_indices[: src.kv_indices.numel()].copy_(src.kv_indices)
+        s.kv_indptr.copy_(src.kv_indptr)
+        s.kv_last_page_lens.copy_(src.kv_last_page_lens)
+        fill_plan(s, bufs)  # metadata re-filled on the device, into the captured buffers
+        o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(f"cuda graph replay ({heads},{qlen}) kv={src.kv_lens}", src, o, lse)
+
+
+@gpu
+@needs_gpu
+def test_torch_compile(warm, mainloop):
+    c = make_case(16, 4, 16, FP8, [300, 17, 1000], seed=71)
+    bufs = plan(c)
+
+    def f(q, kv, o):
+        logits, lse = aiter_mla.mla_decode_fwd(
+            q, kv, o, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens, 4,
+            page_size=16, sm_scale=SM_SCALE, work_meta_data=bufs[0], work_indptr=bufs[1],
+            work_info_set=bufs[2], reduce_indptr=bufs[3], reduce_final_map=bufs[4],
+            reduce_partial_map=bufs[5], q_scale=c.q_scale, kv_scale=c.kv_scale, return_lse=True)
+        return o.float() * 2.0, lse
+
+    o_e = torch.empty((c.q.shape[0], 16, DV), dtype=torch.bfloat16, device="cuda")
+    o_c = torch.empty_like(o_e)
+    ref2, lse_e = f(c.q, c.kv, o_e)
+    out2, lse_c = torch.compile(f, fullgraph=True)(c.q, c.kv, o_c)
+    torch.cuda.synchronize()
+    assert torch.equal(out2, ref2)
+    assert torch.equal(lse_c, lse_e)
+    check("torch.compile (16,4) fp8", c, o_c, lse_c)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_deterministic(warm, mainloop, dtype):
+    c = make_case(128, 1, 64, DTYPES[dtype], [8192, 77, 3000], seed=81)
+    outs = [run_decode(c) for _ in range(3)]
+    for o, lse, logits in outs[1:]:
+        assert torch.equal(o, outs[0][0])
+        assert torch.equal(lse, outs[0][1])
+    check(f"determinism (128,1) {dtype}", c, outs[0][0], outs[0][1])
+
+
+@gpu
+@needs_gpu
+def test_first_use_in_capture_is_refused(warm, mainloop, monkeypatch):
+    """A variant never launched in this process must not be first launched inside a CUDA-graph
+    capture (it would set the kernel's shared-memory limit there): a clear error instead."""
+    c = make_case(16, 1, 16, torch.bfloat16, [20], seed=95)
+    bufs = plan(c)
+    o = torch.empty((c.q.shape[0], 16, DV), dtype=torch.bfloat16, device="cuda")
+    monkeypatch.setattr(dec, "_launched", set())
+    monkeypatch.setattr(dec, "_capturing", lambda device: True)
+    with pytest.raises(RuntimeError, match="warm-up"):
+        decode_with(c, bufs, o)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_other_device(warm, mainloop):
+    c = make_case(16, 1, 16, torch.bfloat16, [50, 60], seed=91, device="cuda:1")
+    o = torch.full((c.q.shape[0], 16, DV), float("nan"), dtype=torch.bfloat16, device="cuda:1")
+    _, lse = aiter_mla.mla_decode_fwd(c.q, c.kv, o, c.qo_indptr, c.kv_indptr, c.kv_indices,
+                                      c.kv_last_page_lens, 1, page_size=16, sm_scale=SM_SCALE,
+                                      return_lse=True)
+    torch.cuda.synchronize(1)
+    check("cuda:1 while cuda:0 is current", c, o, lse)

@@ -1,0 +1,312 @@
+"""The float64 reference (aiter_mla.reference) against brute force done another way.
+
+mla_decode_ref is checked against per-(row, head) loops that walk the page table by hand and
+use torch.softmax / torch.logsumexp; split_reference against mla_decode_ref on hand-made split
+schedules (including the §5.6 piece where a causal row sees no key); reduce_ref against one
+softmax over the concatenated pieces. All CPU.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from aiter_mla import reference as ref
+from aiter_mla.work_info import WI, WORK_INFO_INTS
+
+D, DV = 576, 512
+FP8 = torch.float8_e4m3fn
+
+
+# ------------------------------------------------------------------------------------------
+# problem builder
+
+
+def make_problem(qlens, kvlens, H, page_size, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
+                 seed=0, spare_pages=3):
+    """Random paged problem; every unused KV slot (and every spare page) is NaN."""
+    g = torch.Generator().manual_seed(seed)
+    B = len(qlens)
+    pages = [math.ceil(n / page_size) for n in kvlens]
+    num_pages = sum(pages) + spare_pages
+    perm = torch.randperm(num_pages, generator=g)
+    kv_indptr = torch.tensor([0] + list(torch.tensor(pages).cumsum(0).tolist()), dtype=torch.int32)
+    kv_indices = perm[: sum(pages)].to(torch.int32)
+    last = torch.tensor([(n - (p - 1) * page_size) if p else 0 for n, p in zip(kvlens, pages)],
+                        dtype=torch.int32)
+    kv = torch.full((num_pages, page_size, 1, D), float("nan"))
+    for b in range(B):
+        for v in range(kvlens[b]):
+            page = int(kv_indices[kv_indptr[b] + v // page_size])
+            kv[page, v % page_size, 0] = torch.randn(D, generator=g)
+    qo_indptr = torch.tensor([0] + list(torch.tensor(qlens).cumsum(0).tolist()), dtype=torch.int32)
+    q = torch.randn(int(qo_indptr[-1]), H, D, generator=g)
+    return dict(q=q.to(q_dtype), kv_buffer=kv.to(kv_dtype), qo_indptr=qo_indptr,
+                kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_lens=last)
+
+
+def brute_force(p, sm_scale, q_scale=1.0, kv_scale=1.0, fp8_p=False):
+    """Per (row, head) loops; page walk by hand; torch.softmax / logsumexp."""
+    q = p["q"].to(torch.float64) * q_scale
+    kv = p["kv_buffer"]
+    P = kv.shape[1]
+    qo, kvp = p["qo_indptr"].tolist(), p["kv_indptr"].tolist()
+    idx, last = p["kv_indices"].tolist(), p["kv_last_page_lens"].tolist()
+    total_q, H = q.shape[0], q.shape[1]
+    out = torch.zeros(total_q, H, DV, dtype=torch.float64)
+    lse = torch.zeros(total_q, H, dtype=torch.float64)
+    for b in range(len(qo) - 1):
+        npages = kvp[b + 1] - kvp[b]
+        keys = []
+        for pi in range(npages):
+            used = last[b] if pi == npages - 1 else P
+            for slot in range(used):
+                keys.append(kv[idx[kvp[b] + pi], slot, 0].to(torch.float64) * kv_scale)
+        kvlen, qlen = len(keys), qo[b + 1] - qo[b]
+        for i in range(qlen):
+            r = qo[b] + i
+            nvis = kvlen - (qlen - 1 - i)
+            for h in range(H):
+                if nvis <= 0:
+                    lse[r, h] = math.inf
+                    continue
+                K = torch.stack(keys[:nvis])
+                s = (K @ q[r, h]) * sm_scale
+                lse[r, h] = torch.logsumexp(s, 0)
+                if fp8_p:
+                    e = torch.exp(s - s.max())
+                    e8 = e.float().to(FP8).double()
+                    out[r, h] = (e8 @ K[:, :DV]) / e.sum()
+                else:
+                    out[r, h] = torch.softmax(s, 0) @ K[:, :DV]
+    return out, lse
+
+
+def assert_close(a, b, tol, what):
+    err = ref.relative_l2(a, b)
+    assert err < tol, f"{what}: relative L2 {err:.3e} >= {tol:.1e}"
+
+
+# ------------------------------------------------------------------------------------------
+# mla_decode_ref
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_decode_ref_vs_brute_force_bf16(page_size):
+    # ragged qlen, causal qlen > 1, kv_len 0, kv_len < qlen (rows that see no key)
+    qlens, kvlens = [1, 3, 2, 4, 2, 1], [37, 20, 0, 2, 16, 1]
+    p = make_problem(qlens, kvlens, H=4, page_size=page_size, seed=page_size)
+    sm = 1 / math.sqrt(D)
+    assert torch.isnan(p["kv_buffer"].float()).any()  # unused slots hold NaN
+    out, lse = ref.mla_decode_ref(**p, sm_scale=sm)
+    bo, bl = brute_force(p, sm)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert_close(out, bo, 1e-12, "out")
+    assert_close(lse, bl, 1e-12, "lse")
+    # the empty rows: batch 2 (kv 0) and batch 3's first two q positions (kv 2, qlen 4)
+    q0 = sum(qlens[:2])
+    assert torch.isposinf(lse[q0:q0 + 2 + 2]).all() and (out[q0:q0 + 4] == 0).all()
+    assert torch.isfinite(lse[q0 + 4:q0 + 6]).all()
+
+
+def test_decode_ref_fp8_scales_and_fp8_p():
+    qlens, kvlens = [2, 1, 3], [70, 9, 33]
+    p = make_problem(qlens, kvlens, H=3, page_size=8, q_dtype=FP8, kv_dtype=FP8, seed=7)
+    sm, qs, ks = 0.11, 0.5, 1.75
+    for fp8_p in (False, True):
+        out, lse = ref.mla_decode_ref(**p, sm_scale=sm, q_scale=torch.tensor([qs]),
+                                      kv_scale=ks, fp8_p=fp8_p)
+        bo, bl = brute_force(p, sm, qs, ks, fp8_p=fp8_p)
+        assert_close(out, bo, 1e-12, f"out fp8_p={fp8_p}")
+        assert_close(lse, bl, 1e-12, f"lse fp8_p={fp8_p}")
+    exact, _ = ref.mla_decode_ref(**p, sm_scale=sm, q_scale=qs, kv_scale=ks)
+    rounded, _ = ref.mla_decode_ref(**p, sm_scale=sm, q_scale=qs, kv_scale=ks, fp8_p=True)
+    err = ref.relative_l2(rounded, exact)
+    assert 1e-4 < err < 5e-2, f"fp8 P should perturb a little, got {err:.3e}"
+
+
+def test_decode_ref_scales_are_real_values():
+    p = make_problem([2], [40], H=2, page_size=4, seed=3)
+    a, la = ref.mla_decode_ref(**p, sm_scale=0.1, q_scale=2.0, kv_scale=3.0)
+    p2 = dict(p, q=p["q"].double() * 2.0, kv_buffer=p["kv_buffer"].double() * 3.0)
+    b, lb = ref.mla_decode_ref(**p2, sm_scale=0.1)
+    assert_close(a, b, 1e-14, "out")
+    assert_close(la, lb, 1e-14, "lse")
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda p: p["kv_last_page_lens"].__setitem__(0, 0), "kv_last_page_lens"),
+    (lambda p: p["kv_last_page_lens"].__setitem__(0, 5), "kv_last_page_lens"),
+    (lambda p: p["kv_indices"].__setitem__(0, 10**6), "kv_indices"),
+    (lambda p: p.__setitem__("qo_indptr", torch.tensor([0, 5, 2], dtype=torch.int32)), "qo_indptr"),
+    (lambda p: p.__setitem__("q", p["q"][..., :512]), "q must be"),
+    (lambda p: p.__setitem__("kv_buffer", p["kv_buffer"][:, :, 0]), "kv_buffer"),
+])
+def test_decode_ref_rejects_bad_input(bad, match):
+    p = make_problem([1, 1], [6, 3], H=2, page_size=4)
+    bad(p)
+    with pytest.raises((ValueError, TypeError), match=match):
+        ref.mla_decode_ref(**p, sm_scale=0.1)
+
+
+# ------------------------------------------------------------------------------------------
+# split_reference on hand-made schedules
+
+
+def make_schedule(p, piece_pages):
+    """Split every batch into pieces of `piece_pages` pages (AITER record rules)."""
+    P = p["kv_buffer"].shape[1]
+    qo, kvp = p["qo_indptr"].tolist(), p["kv_indptr"].tolist()
+    last = p["kv_last_page_lens"].tolist()
+    works, rind, fmap, pmap = [], [0], [], []
+    loc = 0
+    for b in range(len(qo) - 1):
+        b0, b1 = kvp[b], kvp[b + 1]
+        kvlen = 0 if b1 == b0 else (b1 - b0 - 1) * P + last[b]
+        cuts = list(range(b0, b1, piece_pages)) + [b1] if b1 > b0 else [b0, b0]
+        pieces = list(zip(cuts[:-1], cuts[1:]))
+        qlen = qo[b + 1] - qo[b]
+        split = len(pieces) > 1
+        locs = []
+        for ks, ke in pieces:
+            w = [0] * WORK_INFO_INTS
+            w[WI["batch_idx"]], w[WI["qo_start"]], w[WI["qo_end"]] = b, qo[b], qo[b + 1]
+            w[WI["kv_start"]], w[WI["kv_end"]] = ks, ke
+            w[WI["kv_offset"]] = 0 if ke == b1 else kvlen - (ke - b0) * P
+            w[WI["partial_qo_loc"]] = loc if split else -1
+            if split:
+                locs.append(loc)
+                loc += qlen
+            works.append(w)
+        if split:
+            pmap += locs
+            fmap.append([qo[b], qo[b + 1]])
+            rind.append(rind[-1] + len(locs))
+        else:
+            fmap.append([qo[b], qo[b + 1]])
+            rind.append(rind[-1])
+    i32 = dict(dtype=torch.int32)
+    return dict(work_indptr=torch.tensor([0, len(works)], **i32),
+                work_info_set=torch.tensor(works, **i32).view(-1, WORK_INFO_INTS),
+                reduce_indptr=torch.tensor(rind, **i32),
+                reduce_final_map=torch.tensor(fmap, **i32).view(-1, 2),
+                reduce_partial_map=torch.tensor(pmap, **i32))
+
+
+@pytest.mark.parametrize("page_size, piece_pages", [(1, 7), (4, 2), (16, 1)])
+def test_split_reference_matches_decode_ref(page_size, piece_pages):
+    # batch 1: last piece holds 1 token with qlen 4 -> partial rows that see no key (§5.6)
+    qlens, kvlens = [1, 4, 2, 3], [50, 4 * page_size * piece_pages + 1, 0, 19]
+    p = make_problem(qlens, kvlens, H=3, page_size=page_size, seed=5)
+    sched = make_schedule(p, piece_pages)
+    out, lse, p_out, p_lse = ref.split_reference(**p, **sched, sm_scale=0.07)
+    o_ref, l_ref = ref.mla_decode_ref(**p, sm_scale=0.07)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert_close(out, o_ref, 1e-12, "out")
+    assert_close(lse, l_ref, 1e-12, "lse")
+    assert torch.isneginf(p_lse).any(), "the schedule should contain a piece with an empty row"
+    assert (p_out[torch.isneginf(p_lse)] == 0).all()
+    assert not torch.isnan(p_lse).any()
+
+
+def test_split_reference_no_final_map_uniform_qlen():
+    p = make_problem([2, 2, 2], [33, 5, 40], H=2, page_size=1, seed=9)
+    sched = make_schedule(p, 8)
+    o_ref, l_ref = ref.mla_decode_ref(**p, sm_scale=0.1)
+    # AITER's derivation (uniform qlen, consecutive slots): tiles 0 and 2 are split and cover
+    # [0, 2) and [4, 6); tile 1 (5 tokens, one piece) is unsplit.
+    out, lse, _, _ = ref.split_reference(**p, **dict(sched, reduce_final_map=None), sm_scale=0.1)
+    assert_close(out, o_ref, 1e-12, "out without final map")
+    assert_close(lse, l_ref, 1e-12, "lse without final map")
+
+
+# ------------------------------------------------------------------------------------------
+# reduce_ref against one softmax over the concatenated pieces
+
+
+def test_reduce_ref_vs_direct_softmax():
+    g = torch.Generator().manual_seed(1)
+    H, tiles = 3, [(2, 5), (1, 3), (3, 2), (1, 1)]  # (qlen, pieces)
+    total_q = sum(t[0] for t in tiles)
+    slots = []  # (tile, piece) in a shuffled partial layout
+    for t, (qlen, n) in enumerate(tiles):
+        slots += [(t, i) for i in range(n)]
+    random.Random(0).shuffle(slots)
+    loc_of, row = {}, 0
+    for s in slots:
+        loc_of[s] = row
+        row += tiles[s[0]][0]
+    N = row
+    p_out = torch.full((N, H, DV), float("nan"), dtype=torch.float64)
+    p_lse = torch.full((N, H), float("nan"), dtype=torch.float64)
+    want_o = torch.zeros(total_q, H, DV, dtype=torch.float64)
+    want_l = torch.zeros(total_q, H, dtype=torch.float64)
+    rind, fmap, pmap, q0 = [0], [], [], 0
+    for t, (qlen, n) in enumerate(tiles):
+        for i in range(qlen):
+            for h in range(H):
+                K = 4 * n
+                s = torch.randn(K, generator=g, dtype=torch.float64) * 4
+                v = torch.randn(K, DV, generator=g, dtype=torch.float64)
+                if t == 2 and i == 1:
+                    s[:] = -math.inf            # a row no piece sees
+                if t == 0 and h == 1:
+                    s[4:8] = -math.inf          # one empty piece in a live row
+                for j in range(n):
+                    sj, vj = s[4 * j:4 * j + 4], v[4 * j:4 * j + 4]
+                    r = loc_of[(t, j)] + i
+                    if torch.isneginf(sj).all():
+                        p_out[r, h], p_lse[r, h] = 0.0, -math.inf
+                    else:
+                        p_out[r, h] = torch.softmax(sj, 0) @ vj
+                        p_lse[r, h] = torch.logsumexp(sj, 0)
+                if torch.isneginf(s).all():
+                    want_o[q0 + i, h], want_l[q0 + i, h] = 0.0, math.inf
+                else:
+                    want_o[q0 + i, h] = torch.softmax(s, 0) @ v
+                    want_l[q0 + i, h] = torch.logsumexp(s, 0)
+        fmap.append([q0, q0 + qlen])
+        if n >= 2:
+            pmap += [loc_of[(t, j)] for j in range(n)]
+        elif n == 1:
+            pmap += [loc_of[(t, 0)]]  # a 1-entry tile: must be skipped
+        rind.append(len(pmap))
+        q0 += qlen
+    base_o = torch.full((total_q, H, DV), 7.0, dtype=torch.float64)
+    base_l = torch.full((total_q, H), -7.0, dtype=torch.float64)
+    i32 = dict(dtype=torch.int32)
+    out, lse = ref.reduce_ref(p_out.view(N, 1, H, DV), p_lse.view(N, 1, H, 1),
+                              torch.tensor(rind, **i32), torch.tensor(fmap, **i32),
+                              torch.tensor(pmap, **i32), base_o, base_l)
+    split_rows = slice(0, 2 + 1 + 3)  # tiles 0..2
+    assert_close(out[split_rows], want_o[split_rows], 1e-13, "out")
+    assert_close(lse[split_rows], want_l[split_rows], 1e-13, "lse")
+    assert torch.isposinf(lse[4]).all() and (out[4] == 0).all()   # tile 2, q position 1
+    assert (out[6:] == 7.0).all() and (lse[6:] == -7.0).all()     # 1-entry tile untouched
+    assert (base_o == 7.0).all()                                  # bases are not mutated
+
+
+def test_reduce_ref_rejects_out_of_range_partial_rows():
+    i32 = dict(dtype=torch.int32)
+    with pytest.raises(ValueError, match="reduce_partial_map"):
+        ref.reduce_ref(torch.zeros(4, 1, DV), torch.zeros(4, 1), torch.tensor([0, 2], **i32),
+                       torch.tensor([[0, 1]], **i32), torch.tensor([0, 9], **i32),
+                       torch.zeros(1, 1, DV))
+
+
+# ------------------------------------------------------------------------------------------
+# relative_l2
+
+
+def test_relative_l2():
+    b = torch.tensor([3.0, 4.0, math.inf], dtype=torch.float64)
+    assert ref.relative_l2(b, b) == 0.0
+    assert ref.relative_l2(torch.tensor([3.0, 4.0 + 5e-3, math.inf], dtype=torch.float64), b) == pytest.approx(1e-3)
+    assert ref.relative_l2(torch.tensor([3.0, float("nan"), math.inf]), b) == math.inf
+    assert ref.relative_l2(torch.tensor([3.0, 4.0, 1.0]), b) == math.inf
+    assert ref.relative_l2(torch.zeros(2), torch.zeros(2)) == 0.0
+    assert ref.relative_l2(torch.ones(2), torch.zeros(2)) == math.inf
+    with pytest.raises(ValueError):
+        ref.relative_l2(torch.zeros(2), torch.zeros(3))

@@ -1,0 +1,367 @@
+// MLA decode on sm_90a: the wgmma main loop (template parameter mainloop = "wgmma").
+//
+// Same CTA shape and row ownership as the mma.sync loop (mla_decode_sm90.cuh), so the work
+// loop, masking, online softmax and epilogue there are shared unchanged; only the warp roles
+// and the tensor-core operations differ. 256 threads = 2 warpgroups; warp w of warpgroup c
+// owns rows 16w..16w+15 (the wgmma M = 64 layout, whose per-warp accumulator fragment equals
+// mma.sync's m16n8 C fragment):
+//   QK: warpgroup c computes S[64 x BN/2] = Q[64 x 576] . K[keys c*BN/2 ..]^T with one
+//       m64n32 wgmma per 32 bytes of K (e4m3 k32 QGMMA for fp8, bf16 k16 HGMMA), A = Q and
+//       B = K both K-major in shared memory;
+//   PV: warpgroup c computes O[64 x cols c*256 ..] += P[64 x BN] . V[BN x 256] with
+//       m64n256k16 wgmma (fp16 for fp8 KV: V converted exactly, P in fp16; bf16 for bf16 KV),
+//       A = P from registers (ldmatrix of the P tile both warpgroups wrote), B = V read
+//       MN-major (transposed) from shared memory.
+//
+// Shared-memory layout: every operand uses the no-swizzle ("interleaved") canonical layout:
+// 8 rows x 16 bytes form one 128-byte core matrix; the core matrices of 8 rows follow each
+// other along the row (stride 128 B), and 8-row groups follow each other (stride 8 x row
+// bytes). A KV row of 576 (1152) bytes does not divide into 128-byte swizzle atoms, and the
+// interleaved layout lets the same bytes serve as K-major K (core matrix = 8 keys x 16 bytes)
+// and, for bf16, as MN-major V (core matrix = 8 keys x 8 columns) with no copy.
+// Descriptor strides (CUTLASS make_gmma_desc, INTERLEAVE): LBO = stride between core matrices
+// along K, SBO = stride between core matrices along M/N, for both majors.
+#pragma once
+#include "mla_decode_sm90.cuh"
+
+namespace mla {
+namespace wg {
+
+template <int BlockN, int PageSize, bool Fp8, bool Causal>
+struct MlaDecodeWgmmaConfig {
+  static constexpr int BN = BlockN;
+  static constexpr int P = PageSize;
+  static constexpr bool kFp8 = Fp8;
+  static constexpr bool kCausal = Causal;
+  static constexpr int kElemBytes = Fp8 ? 1 : 2;
+  static constexpr int kRowBytes = kQkDim * kElemBytes;      // 576 or 1152
+  static constexpr int kChunksPerRow = kRowBytes / 16;        // 16-byte chunks = core-matrix columns
+  static constexpr int kGroupBytes = 8 * kRowBytes;           // one 8-row group of Q / KV (SBO)
+  static constexpr int kKSteps = kRowBytes / 32;              // 32 bytes of K per wgmma (k32 e4m3 / k16 bf16)
+  static constexpr int kSTiles = BN / 16;                     // n8 tiles of S per thread (N = BN/2)
+  static constexpr int kOTiles = kVDim / 2 / 8;               // n8 tiles of O per thread (N = 256)
+  static constexpr int kPStride = (BN + 8) * 2;               // P tile, 16-bit, padded (ldmatrix)
+  // V as the 16-bit B operand of PV: 8-key groups are kVGroupBytes apart (the LBO).
+  static constexpr int kVGroupBytes = Fp8 ? 8 * kVDim * 2 : kGroupBytes;
+  static constexpr int kStages = 2;
+
+  static constexpr int kQBytes = kRows * kRowBytes;
+  static constexpr int kStageBytes = BN * kRowBytes;
+  static constexpr int kVBytes = Fp8 ? BN * kVDim * 2 : 0;
+  static constexpr int kPBytes = kRows * kPStride;
+  static constexpr int kRedBytes = 2 * 2 * kRows * 4;
+
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffKv = kOffQ + kQBytes;
+  static constexpr int kOffV = kOffKv + kStages * kStageBytes;
+  static constexpr int kOffP = kOffV + kVBytes;
+  static constexpr int kOffRed = kOffP + kPBytes;
+  static constexpr int kSmemBytes = kOffRed + kRedBytes;
+
+  static_assert(BN == 64, "the wgmma main loop runs block_n 64 (N = 32 keys per warpgroup)");
+  static_assert(P >= 1 && P <= 256 && (P & (P - 1)) == 0, "page_size must be a power of two <= 256");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
+  static_assert(kOffKv % 128 == 0 && kOffV % 128 == 0 && kStageBytes % 128 == 0, "core matrices are 128-byte aligned");
+  static constexpr int kLog2P = (P == 1) ? 0 : (P == 2) ? 1 : (P == 4) ? 2 : (P == 8) ? 3 :
+                                (P == 16) ? 4 : (P == 32) ? 5 : (P == 64) ? 6 : (P == 128) ? 7 : 8;
+};
+
+// ---- PTX wrappers ---------------------------------------------------------------------------
+// Shared-memory matrix descriptor, no swizzle: address, LBO, SBO in 16-byte units.
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr >> 4) & 0x3FFFu) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Generic-proxy writes (cp.async, st.shared) become visible to wgmma (async proxy) after this
+// fence by the writing threads plus a barrier.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Pins an accumulator register in program order around wgmma issue / wait (CUTLASS
+// warpgroup_fence_operand): no read or write of it is moved across.
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+template <int R, int C>
+__device__ __forceinline__ void fence_operands(float (&x)[R][C]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < C; ++j) fence_operand(x[i][j]);
+}
+// Barrier of one warpgroup (ids 5, 6; 1..4 are the row-group pairs, 0 is __syncthreads).
+__device__ __forceinline__ void wg_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 5) : "memory"); }
+
+// S[64 x 32] = (ScaleD ? S : 0) + A[64 x 32 bytes of K] . B[32 keys x 32 bytes of K]^T, both
+// from shared memory.
+template <bool Fp8, int ScaleD>
+__device__ __forceinline__ void wgmma_qk(float (&s)[4][4], uint64_t da, uint64_t db) {
+  if constexpr (Fp8) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, %18, 1, 1;\n"
+        : "+f"(s[0][0]), "+f"(s[0][1]), "+f"(s[0][2]), "+f"(s[0][3]), "+f"(s[1][0]), "+f"(s[1][1]), "+f"(s[1][2]), "+f"(s[1][3]),
+        "+f"(s[2][0]), "+f"(s[2][1]), "+f"(s[2][2]), "+f"(s[2][3]), "+f"(s[3][0]), "+f"(s[3][1]), "+f"(s[3][2]), "+f"(s[3][3])
+        : "l"(da), "l"(db), "n"(ScaleD));
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, %18, 1, 1, 0, 0;\n"
+        : "+f"(s[0][0]), "+f"(s[0][1]), "+f"(s[0][2]), "+f"(s[0][3]), "+f"(s[1][0]), "+f"(s[1][1]), "+f"(s[1][2]), "+f"(s[1][3]),
+        "+f"(s[2][0]), "+f"(s[2][1]), "+f"(s[2][2]), "+f"(s[2][3]), "+f"(s[3][0]), "+f"(s[3][1]), "+f"(s[3][2]), "+f"(s[3][3])
+        : "l"(da), "l"(db), "n"(ScaleD));
+  }
+}
+
+// O[64 x 256] += A[64 x 16 keys] (registers, mma.sync A-fragment layout) . B[16 keys x 256]
+// (shared memory, MN-major: imm-trans-b = 1). fp16 for fp8 KV, bf16 for bf16 KV.
+template <bool F16>
+__device__ __forceinline__ void wgmma_pv(float (&o)[32][4], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (F16) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
+        : "+f"(o[0][0]), "+f"(o[0][1]), "+f"(o[0][2]), "+f"(o[0][3]), "+f"(o[1][0]), "+f"(o[1][1]), "+f"(o[1][2]), "+f"(o[1][3]),
+        "+f"(o[2][0]), "+f"(o[2][1]), "+f"(o[2][2]), "+f"(o[2][3]), "+f"(o[3][0]), "+f"(o[3][1]), "+f"(o[3][2]), "+f"(o[3][3]),
+        "+f"(o[4][0]), "+f"(o[4][1]), "+f"(o[4][2]), "+f"(o[4][3]), "+f"(o[5][0]), "+f"(o[5][1]), "+f"(o[5][2]), "+f"(o[5][3]),
+        "+f"(o[6][0]), "+f"(o[6][1]), "+f"(o[6][2]), "+f"(o[6][3]), "+f"(o[7][0]), "+f"(o[7][1]), "+f"(o[7][2]), "+f"(o[7][3]),
+        "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3]), "+f"(o[9][0]), "+f"(o[9][1]), "+f"(o[9][2]), "+f"(o[9][3]),
+        "+f"(o[10][0]), "+f"(o[10][1]), "+f"(o[10][2]), "+f"(o[10][3]), "+f"(o[11][0]), "+f"(o[11][1]), "+f"(o[11][2]), "+f"(o[11][3]),
+        "+f"(o[12][0]), "+f"(o[12][1]), "+f"(o[12][2]), "+f"(o[12][3]), "+f"(o[13][0]), "+f"(o[13][1]), "+f"(o[13][2]), "+f"(o[13][3]),
+        "+f"(o[14][0]), "+f"(o[14][1]), "+f"(o[14][2]), "+f"(o[14][3]), "+f"(o[15][0]), "+f"(o[15][1]), "+f"(o[15][2]), "+f"(o[15][3]),
+        "+f"(o[16][0]), "+f"(o[16][1]), "+f"(o[16][2]), "+f"(o[16][3]), "+f"(o[17][0]), "+f"(o[17][1]), "+f"(o[17][2]), "+f"(o[17][3]),
+        "+f"(o[18][0]), "+f"(o[18][1]), "+f"(o[18][2]), "+f"(o[18][3]), "+f"(o[19][0]), "+f"(o[19][1]), "+f"(o[19][2]), "+f"(o[19][3]),
+        "+f"(o[20][0]), "+f"(o[20][1]), "+f"(o[20][2]), "+f"(o[20][3]), "+f"(o[21][0]), "+f"(o[21][1]), "+f"(o[21][2]), "+f"(o[21][3]),
+        "+f"(o[22][0]), "+f"(o[22][1]), "+f"(o[22][2]), "+f"(o[22][3]), "+f"(o[23][0]), "+f"(o[23][1]), "+f"(o[23][2]), "+f"(o[23][3]),
+        "+f"(o[24][0]), "+f"(o[24][1]), "+f"(o[24][2]), "+f"(o[24][3]), "+f"(o[25][0]), "+f"(o[25][1]), "+f"(o[25][2]), "+f"(o[25][3]),
+        "+f"(o[26][0]), "+f"(o[26][1]), "+f"(o[26][2]), "+f"(o[26][3]), "+f"(o[27][0]), "+f"(o[27][1]), "+f"(o[27][2]), "+f"(o[27][3]),
+        "+f"(o[28][0]), "+f"(o[28][1]), "+f"(o[28][2]), "+f"(o[28][3]), "+f"(o[29][0]), "+f"(o[29][1]), "+f"(o[29][2]), "+f"(o[29][3]),
+        "+f"(o[30][0]), "+f"(o[30][1]), "+f"(o[30][2]), "+f"(o[30][3]), "+f"(o[31][0]), "+f"(o[31][1]), "+f"(o[31][2]), "+f"(o[31][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
+        : "+f"(o[0][0]), "+f"(o[0][1]), "+f"(o[0][2]), "+f"(o[0][3]), "+f"(o[1][0]), "+f"(o[1][1]), "+f"(o[1][2]), "+f"(o[1][3]),
+        "+f"(o[2][0]), "+f"(o[2][1]), "+f"(o[2][2]), "+f"(o[2][3]), "+f"(o[3][0]), "+f"(o[3][1]), "+f"(o[3][2]), "+f"(o[3][3]),
+        "+f"(o[4][0]), "+f"(o[4][1]), "+f"(o[4][2]), "+f"(o[4][3]), "+f"(o[5][0]), "+f"(o[5][1]), "+f"(o[5][2]), "+f"(o[5][3]),
+        "+f"(o[6][0]), "+f"(o[6][1]), "+f"(o[6][2]), "+f"(o[6][3]), "+f"(o[7][0]), "+f"(o[7][1]), "+f"(o[7][2]), "+f"(o[7][3]),
+        "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3]), "+f"(o[9][0]), "+f"(o[9][1]), "+f"(o[9][2]), "+f"(o[9][3]),
+        "+f"(o[10][0]), "+f"(o[10][1]), "+f"(o[10][2]), "+f"(o[10][3]), "+f"(o[11][0]), "+f"(o[11][1]), "+f"(o[11][2]), "+f"(o[11][3]),
+        "+f"(o[12][0]), "+f"(o[12][1]), "+f"(o[12][2]), "+f"(o[12][3]), "+f"(o[13][0]), "+f"(o[13][1]), "+f"(o[13][2]), "+f"(o[13][3]),
+        "+f"(o[14][0]), "+f"(o[14][1]), "+f"(o[14][2]), "+f"(o[14][3]), "+f"(o[15][0]), "+f"(o[15][1]), "+f"(o[15][2]), "+f"(o[15][3]),
+        "+f"(o[16][0]), "+f"(o[16][1]), "+f"(o[16][2]), "+f"(o[16][3]), "+f"(o[17][0]), "+f"(o[17][1]), "+f"(o[17][2]), "+f"(o[17][3]),
+        "+f"(o[18][0]), "+f"(o[18][1]), "+f"(o[18][2]), "+f"(o[18][3]), "+f"(o[19][0]), "+f"(o[19][1]), "+f"(o[19][2]), "+f"(o[19][3]),
+        "+f"(o[20][0]), "+f"(o[20][1]), "+f"(o[20][2]), "+f"(o[20][3]), "+f"(o[21][0]), "+f"(o[21][1]), "+f"(o[21][2]), "+f"(o[21][3]),
+        "+f"(o[22][0]), "+f"(o[22][1]), "+f"(o[22][2]), "+f"(o[22][3]), "+f"(o[23][0]), "+f"(o[23][1]), "+f"(o[23][2]), "+f"(o[23][3]),
+        "+f"(o[24][0]), "+f"(o[24][1]), "+f"(o[24][2]), "+f"(o[24][3]), "+f"(o[25][0]), "+f"(o[25][1]), "+f"(o[25][2]), "+f"(o[25][3]),
+        "+f"(o[26][0]), "+f"(o[26][1]), "+f"(o[26][2]), "+f"(o[26][3]), "+f"(o[27][0]), "+f"(o[27][1]), "+f"(o[27][2]), "+f"(o[27][3]),
+        "+f"(o[28][0]), "+f"(o[28][1]), "+f"(o[28][2]), "+f"(o[28][3]), "+f"(o[29][0]), "+f"(o[29][1]), "+f"(o[29][2]), "+f"(o[29][3]),
+        "+f"(o[30][0]), "+f"(o[30][1]), "+f"(o[30][2]), "+f"(o[30][3]), "+f"(o[31][0]), "+f"(o[31][1]), "+f"(o[31][2]), "+f"(o[31][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+  }
+}
+
+// ---- global -> shared loads (interleaved layout) ----------------------------------------------
+// Chunk (row r, 16-byte column ch) goes to (r/8)*kGroupBytes + ch*128 + (r%8)*16. Thread i
+// takes column pair i>>4 of 8-row group: lanes 2k, 2k+1 read the two halves of one 32-byte
+// sector, and 16 lanes fill 256 contiguous bytes of shared memory.
+template <class C>
+__device__ __forceinline__ uint32_t chunk_of(int i, int& row, int& col_bytes) {
+  constexpr int kPairs = C::kChunksPerRow / 2;
+  const int lo = i & 1, r8 = (i >> 1) & 7, rest = i >> 4;
+  const int g = rest / kPairs, ch = (rest % kPairs) * 2 + lo;
+  row = g * 8 + r8;
+  col_bytes = ch * 16;
+  return g * C::kGroupBytes + ch * 128 + r8 * 16;   // shared-memory byte offset
+}
+
+// Q rows of the CTA: row R < valid_rows reads q row (q_row0 + R); the rest are zero-filled.
+template <class C>
+__device__ __forceinline__ void load_q_tile(uint8_t* smem, const uint8_t* __restrict__ q, int64_t q_row0,
+                                            int valid_rows) {
+  const uint32_t base = smem_addr(smem + C::kOffQ);
+#pragma unroll
+  for (int i = threadIdx.x; i < kRows * C::kChunksPerRow; i += kThreads) {
+    int r, col;
+    const uint32_t off = chunk_of<C>(i, r, col);
+    const bool ok = r < valid_rows;
+    const uint8_t* src = ok ? q + (q_row0 + r) * (int64_t)C::kRowBytes + col : q;
+    cp_async_16(base + off, src, ok ? 16 : 0);
+  }
+}
+
+// KV tile of BN virtual tokens from tok0 into stage `stage`; tokens >= kv_tok_end are
+// zero-filled, never read. 64-bit byte offsets.
+template <class C>
+__device__ __forceinline__ void load_kv_tile(uint8_t* smem, int stage, const uint8_t* __restrict__ kv,
+                                             const int* __restrict__ kv_indices, int tok0, int kv_tok_end) {
+  const uint32_t base = smem_addr(smem + C::kOffKv + stage * C::kStageBytes);
+#pragma unroll
+  for (int i = threadIdx.x; i < C::BN * C::kChunksPerRow; i += kThreads) {
+    int r, col;
+    const uint32_t off = chunk_of<C>(i, r, col);
+    const int v = tok0 + r;
+    const bool ok = v < kv_tok_end;
+    const uint8_t* src = kv;
+    if (ok) {
+      const int64_t page = __ldg(kv_indices + (v >> C::kLog2P));
+      const int64_t row = (page << C::kLog2P) + (v & (C::P - 1));
+      src = kv + row * (int64_t)C::kRowBytes + col;
+    }
+    cp_async_16(base + off, src, ok ? 16 : 0);
+  }
+}
+
+// fp8 KV: warpgroup `half` converts V columns [half*256, half*256 + 256) of the tile to fp16
+// (exact) in the interleaved layout, the B operand of its own PV; no other warpgroup reads them.
+template <class C>
+__device__ __forceinline__ void convert_v_half(uint8_t* smem, int stage, int half) {
+  if constexpr (C::kFp8) {
+    const uint8_t* src = smem + C::kOffKv + stage * C::kStageBytes;
+    uint8_t* dst = smem + C::kOffV;
+    const int tid = threadIdx.x & 127;
+#pragma unroll
+    for (int it = 0; it < C::BN * 16 / 128; ++it) {
+      const int i = tid + it * 128;
+      const int r8 = i & 7, c = half * 16 + ((i >> 3) & 15), g = i >> 7;
+      const uint4 x = *reinterpret_cast<const uint4*>(src + g * C::kGroupBytes + c * 128 + r8 * 16);
+      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+      uint32_t h[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[j] & 0xffffu), __NV_E4M3);
+        __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[j] >> 16), __NV_E4M3);
+        h[2 * j] = static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16);
+        h[2 * j + 1] = static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16);
+      }
+      // fp8 columns 16c..16c+15 are fp16 core-matrix columns 2c and 2c+1
+      uint8_t* d = dst + g * C::kVGroupBytes + (2 * c) * 128 + r8 * 16;
+      *reinterpret_cast<uint4*>(d) = make_uint4(h[0], h[1], h[2], h[3]);
+      *reinterpret_cast<uint4*>(d + 128) = make_uint4(h[4], h[5], h[6], h[7]);
+    }
+  }
+}
+
+// ---- maths -----------------------------------------------------------------------------------
+// S = Q . K[keys of warpgroup half]^T over all 576 dims, in two calls so that work can run
+// while the tensor cores compute. fp8: Hopper's e4m3 wgmma accumulates with about 14 bits of
+// mantissa (DeepSeek-V3 report, section 3.3.2; seen here as LSE errors up to 3.6e-3 against
+// 5e-7 for mma.sync), so the 18 k-steps run as chunks of kQkChunk steps into two alternating
+// accumulator sets, each added into S in fp32 (DeepGEMM's "promotion"). bf16 accumulates in
+// fp32 and runs as one chunk.
+template <class C>
+struct QkAcc {
+  static constexpr int kChunk = C::kFp8 ? 3 : C::kKSteps;    // k-steps per promoted chunk
+  static constexpr int kChunks = C::kKSteps / kChunk;
+  static_assert(C::kKSteps % kChunk == 0, "k-steps must split into whole chunks");
+  float acc[2][C::kSTiles][4];
+};
+
+template <class C, int Chunk>
+__device__ __forceinline__ void qk_issue_chunk(QkAcc<C>& a, uint32_t q_addr, uint32_t k_addr) {
+  constexpr int kB = Chunk & 1;
+  wgmma_fence();
+#pragma unroll
+  for (int i = 0; i < QkAcc<C>::kChunk; ++i) {
+    const int kk = Chunk * QkAcc<C>::kChunk + i;
+    const uint64_t da = make_desc(q_addr + kk * 256, 128, C::kGroupBytes);
+    const uint64_t db = make_desc(k_addr + kk * 256, 128, C::kGroupBytes);
+    if (i == 0) {
+      wgmma_qk<C::kFp8, 0>(a.acc[kB], da, db);
+    } else {
+      wgmma_qk<C::kFp8, 1>(a.acc[kB], da, db);
+    }
+  }
+  wgmma_commit();
+  fence_operands(a.acc[kB]);
+}
+
+template <class C>
+__device__ __forceinline__ void qk_add(float (&s)[C::kSTiles][4], float (&acc)[C::kSTiles][4]) {
+  fence_operands(acc);
+#pragma unroll
+  for (int j = 0; j < C::kSTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] += acc[j][e];
+}
+
+template <class C, int Chunk>
+__device__ __forceinline__ void qk_pipeline(float (&s)[C::kSTiles][4], QkAcc<C>& a, uint32_t q_addr, uint32_t k_addr) {
+  if constexpr (Chunk < QkAcc<C>::kChunks) {
+    wgmma_wait<1>();                       // chunk Chunk-2 is done; Chunk-1 may still run
+    qk_add<C>(s, a.acc[Chunk & 1]);
+    qk_issue_chunk<C, Chunk>(a, q_addr, k_addr);
+    qk_pipeline<C, Chunk + 1>(s, a, q_addr, k_addr);
+  }
+}
+
+// Issues the first (up to) two chunks; returns without waiting.
+template <class C>
+__device__ __forceinline__ void qk_begin(QkAcc<C>& a, const uint8_t* smem, int stage, int half) {
+  const uint32_t q_addr = smem_addr(smem + C::kOffQ);
+  const uint32_t k_addr = smem_addr(smem + C::kOffKv + stage * C::kStageBytes) + half * (C::BN / 16) * C::kGroupBytes;
+  qk_issue_chunk<C, 0>(a, q_addr, k_addr);
+  if constexpr (QkAcc<C>::kChunks > 1) qk_issue_chunk<C, 1>(a, q_addr, k_addr);
+}
+
+// Runs the remaining chunks and sums every chunk into s (fp32); all QK wgmmas are done after.
+template <class C>
+__device__ __forceinline__ void qk_finish(float (&s)[C::kSTiles][4], QkAcc<C>& a, const uint8_t* smem, int stage,
+                                          int half) {
+#pragma unroll
+  for (int j = 0; j < C::kSTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+  const uint32_t q_addr = smem_addr(smem + C::kOffQ);
+  const uint32_t k_addr = smem_addr(smem + C::kOffKv + stage * C::kStageBytes) + half * (C::BN / 16) * C::kGroupBytes;
+  qk_pipeline<C, 2>(s, a, q_addr, k_addr);
+  constexpr int kN = QkAcc<C>::kChunks;
+  if constexpr (kN > 1) {
+    wgmma_wait<1>();
+    qk_add<C>(s, a.acc[(kN - 2) & 1]);
+  }
+  wgmma_wait<0>();
+  qk_add<C>(s, a.acc[(kN - 1) & 1]);
+  fence_operands(s);
+}
+
+// Issues (does not wait for) O[64 x cols of half] += P[64 x BN] . V[BN x 256].
+template <class C>
+__device__ __forceinline__ void pv_issue(float (&o)[C::kOTiles][4], const uint8_t* smem, int stage, int group,
+                                         int half, int lane) {
+  const uint32_t p_addr = smem_addr(smem + C::kOffP) + (group * 16 + (lane & 15)) * C::kPStride + (lane >> 4) * 16;
+  uint32_t a[C::BN / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < C::BN / 16; ++kk) ldmatrix_x4(a[kk], p_addr + kk * 32);
+  const uint8_t* v_base = C::kFp8 ? smem + C::kOffV : smem + C::kOffKv + stage * C::kStageBytes;
+  const uint32_t v_addr = smem_addr(v_base) + half * (kVDim / 2 / 8) * 128;
+  fence_operands(o);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < C::BN / 16; ++kk)
+    wgmma_pv<C::kFp8>(o, a[kk], make_desc(v_addr + kk * 2 * C::kVGroupBytes, C::kVGroupBytes, 128));
+  wgmma_commit();
+  fence_operands(o);
+}
+
+}  // namespace wg
+}  // namespace mla
