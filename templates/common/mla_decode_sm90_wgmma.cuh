@@ -7,7 +7,7 @@
 // mma.sync's m16n8 C fragment):
 //   QK: warpgroup c computes S[64 x BN/2] = Q[64 x 576] . K[keys c*BN/2 ..]^T with one
 //       m64n32 wgmma per 32 bytes of K (e4m3 k32 QGMMA for fp8, bf16 k16 HGMMA), A = Q and
-//       B = K both K-major in shared memory;
+//       B = K both K-major in shared memory; fp8 sums chunks of 3 k-steps in fp32 (QkAcc);
 //   PV: warpgroup c computes O[64 x cols c*256 ..] += P[64 x BN] . V[BN x 256] with
 //       m64n256k16 wgmma (fp16 for fp8 KV: V converted exactly, P in fp16; bf16 for bf16 KV),
 //       A = P from registers (ldmatrix of the P tile both warpgroups wrote), B = V read
