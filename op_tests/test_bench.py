@@ -387,6 +387,30 @@ def test_compile_only_reports_a_missing_template(monkeypatch, capsys):
     assert "does not exist (TemplateNotFound)" in err and "1 of 3 variants failed" in err
 
 
+def test_compile_only_builds_one_decode_variant_per_tile_shape(tmp_path):
+    """The main job's JIT half runs everywhere (CI has nvcc, no GPU): a real, cold build of the
+    128-row (m16x8) and 64-row (m16x4) decode variants plus metadata and reduce."""
+    import os
+    import subprocess
+
+    from aiter_mla.jit.toolchain import ToolchainError, find_compiler
+
+    try:
+        find_compiler("sm_90a", None)
+    except ToolchainError as exc:
+        pytest.skip(f"nvcc not available: {exc}")
+    env = dict(os.environ, AITER_MLA_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiter_mla", "bench", "--compile-only", "-n", "128,1", "64,1",
+         "--no-progress", "-j", "2"], capture_output=True, text=True, env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "block_m=128" in proc.stdout and "block_m=64" in proc.stdout, proc.stdout
+    metas = list((tmp_path / "cache").rglob("meta.json"))
+    modules = sorted(json.loads(m.read_text())["module"] for m in metas)
+    assert modules.count("mla_decode") == 2, modules
+    assert "mla_metadata" in modules and "mla_reduce" in modules, modules
+
+
 def test_compile_only_unsupported_shape(capsys):
     assert main(["bench", "--compile-only", "-n", "48,1", "--no-progress"]) == 1
     assert "(48, 1) is not supported" in capsys.readouterr().err

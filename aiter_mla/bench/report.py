@@ -180,7 +180,7 @@ def _jit_lines(jit: dict) -> list[str]:
     variants = jit.get("variants", [])
     if variants:
         lines += ["| variant | cold build s (fresh cache, new process) | warm load ms (new process, "
-                  "after import) | `import aiter_mla` s |", "|---|---|---|---|"]
+                  "after import) | `import aiter_mla, aiter_mla.jit` s |", "|---|---|---|---|"]
         for v in variants:
             cold, warm = v.get("cold", {}), v.get("warm", {})
             cold_s = f"error: {cold['error']}" if "error" in cold else _f(cold.get("cold_build_s"), 2)

@@ -211,8 +211,6 @@ _versions: dict[tuple, str] = {}
 def compiler_version(path: str, identity_dir: Path | None) -> str:
     """``path --version`` output, remembered in-process and on disk under ``identity_dir``
     by the binary's (path, size, mtime); a changed binary is probed again."""
-    import subprocess  # only the first probe of a compiler runs it
-
     st = os.stat(path)
     stamp = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
     version = _versions.get(stamp)
@@ -228,6 +226,10 @@ def compiler_version(path: str, identity_dir: Path | None) -> str:
                 return saved["version"]
         except (OSError, ValueError, KeyError, TypeError):
             pass
+    # Imported here, not above: importing subprocess costs milliseconds (signal, locale), and a
+    # warm hit in a new process must not pay for a probe it does not run.
+    import subprocess
+
     try:
         proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=120,
                               env=env.child_environ())
