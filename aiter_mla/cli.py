@@ -27,12 +27,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum, frame):
+    # SIGTERM (batch schedulers, `timeout`) unwinds like Ctrl-C: builds in flight are killed
+    # and their staging folders removed on the way out.
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         rc = args.func(args)
     except KeyboardInterrupt:
+        from .jit.toolchain import kill_running_builds
+
+        kill_running_builds()
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # every failure exits non-zero with a one-line reason

@@ -22,19 +22,24 @@ class EnvVar:
     key_changing: bool
     default: str | None
     doc: str
+    #: AITER's ``atoi`` rule (a non-numeric value reads as 0) instead of an error. Only for
+    #: AITER's own knobs, so the same environment means the same thing to both packages.
+    lenient: bool = False
 
 
 _REGISTRY: dict[str, EnvVar] = {}
 
 
-def _declare(name: str, key_changing: bool, default: str | None, doc: str) -> None:
-    _REGISTRY[name] = EnvVar(name, key_changing, default, doc)
+def _declare(name: str, key_changing: bool, default: str | None, doc: str,
+             lenient: bool = False) -> None:
+    _REGISTRY[name] = EnvVar(name, key_changing, default, doc, lenient)
 
 
 # --- where and whether we build (neutral: the artifact is the same) ---
 _declare("AITER_MLA_CACHE_DIR", False, None, "JIT cache root (default ~/.cache/aiter_mla)")
 _declare("AITER_MLA_DISABLE_JIT", False, "0", "1: load only what is already built; never compile")
-_declare("AITER_REBUILD", False, "0", "AITER's knob: >=1 rebuilds each module once per process")
+_declare("AITER_REBUILD", False, "0", "AITER's knob: >=1 rebuilds each module once per process",
+         lenient=True)
 _declare("AITER_MLA_LOCK_TIMEOUT", False, "900", "seconds to wait for another process's build")
 _declare("AITER_MLA_NVCC", False, None, "path of nvcc (else CUDA_HOME/bin/nvcc, else PATH)")
 _declare("CUDA_HOME", False, None, "CUDA toolkit root, searched for nvcc")
@@ -52,7 +57,8 @@ _declare("AITER_MLA_HIPCC", False, None, "path of hipcc (else ROCM_PATH/bin/hipc
 _declare("AITER_MLA_GIT", False, None, "git used by 'aiter-mla deps fetch' (else git on PATH)")
 # --- what we schedule and launch (runtime policy, not codegen) ---
 _declare("AITER_ENABLE_EXPERIMENTAL", False, "0",
-         "AITER's knob, parsed as an int: non-zero doubles the m16x4 cluster count")
+         "AITER's knob, parsed as an int: non-zero doubles the m16x4 cluster count",
+         lenient=True)
 _declare("CU_NUM", False, None, "AITER's override of the multiprocessor count")
 # --- what changes the artifact (key-changing) ---
 _declare("AITER_MLA_EXTRA_NVCC_FLAGS", True, "", "extra nvcc flags appended to every build")
@@ -93,23 +99,64 @@ def is_set(name: str) -> bool:
     return bool(os.environ.get(name))
 
 
-def get_int(name: str, default: int = 0) -> int:
-    """The variable parsed as an int; a non-numeric value counts as ``default``.
+_TRUE = frozenset(("true", "yes", "on"))
+_FALSE = frozenset(("false", "no", "off"))
 
-    This is AITER's rule for ``AITER_ENABLE_EXPERIMENTAL`` (``atoi``-style: "0" is off,
-    "abc" is off).
+
+def get_int(name: str, default: int = 0) -> int:
+    """The variable parsed as an int (``default`` when unset or empty).
+
+    AITER's knobs (``AITER_ENABLE_EXPERIMENTAL``, ``AITER_REBUILD``) follow AITER's ``atoi``
+    rule: a non-numeric value counts as ``default`` ("abc" is off). Every other variable
+    raises ValueError naming the variable and the bad value, so a typo never silently
+    changes behaviour.
     """
+    var = _lookup(name)
     value = get(name)
     if value is None:
         return default
     try:
         return int(value.strip())
     except ValueError:
+        if var.lenient:
+            return default
+        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+
+
+def get_float(name: str, default: float, minimum: float | None = None) -> float:
+    """The variable parsed as a float (``default`` when unset or empty); ValueError naming
+    the variable for a non-number or a value below ``minimum``."""
+    value = get(name)
+    if value is None:
         return default
+    try:
+        number = float(value.strip())
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be a number, got {value!r}") from None
+    if minimum is not None and not number >= minimum:
+        raise ValueError(f"environment variable {name} must be >= {minimum}, got {value!r}")
+    return number
 
 
 def get_flag(name: str) -> bool:
-    """True when the variable parses as a non-zero int."""
+    """True when the variable is a non-zero int (or true/yes/on for our own variables).
+
+    AITER's knobs keep AITER's rule (non-numeric = off); for ours an unrecognised value such
+    as ``AITER_MLA_DISABLE_JIT=maybe`` raises ValueError naming the variable.
+    """
+    var = _lookup(name)
+    value = get(name)
+    if value is not None and not var.lenient:
+        word = value.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+        try:
+            return int(word) != 0
+        except ValueError:
+            raise ValueError(f"environment variable {name} must be 0 or 1 (or true/false, "
+                             f"yes/no, on/off), got {value!r}") from None
     return get_int(name, 0) != 0
 
 

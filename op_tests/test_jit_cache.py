@@ -456,3 +456,29 @@ def test_loaded_module_keeps_working_after_clear(fake_jit):
 def test_staging_is_on_the_cache_filesystem(fake_jit):
     core.build_variant("fake", **P)
     assert (fake_jit.root / "staging").stat().st_dev == (fake_jit.root / "entries").stat().st_dev
+
+
+def test_sigterm_during_cli_build_kills_the_compiler_and_cleans_up(fake_jit):
+    """Batch schedulers and `timeout` send SIGTERM: the build must stop at once (not run the
+    compiler to completion in a worker thread), exit 130 and leave no staging or entry."""
+    code = ("import sys; from aiter_mla.cli import main; "
+            "sys.exit(main(['jit', 'build', 'fake', '--param', 'n=5', '--param', 'flavor=a', "
+            "'--param', 'arch=sm_90a']))")
+    proc = fake_jit.spawn_child(code, {"FAKE_CC_SLEEP": "30", "FAKE_CC_MODE": "ok"})
+    try:
+        _wait_for(lambda: any(ln.startswith("start") for ln in fake_jit.builds()),
+                  what="the build to start compiling")
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130
+    assert elapsed < 10, f"SIGTERM took {elapsed:.1f} s to stop the build"
+    assert not any(ln.startswith("done") for ln in fake_jit.builds())
+    assert _leftovers(fake_jit.root) == []
+    entries = fake_jit.root / "entries"
+    assert not entries.exists() or not list(entries.iterdir())

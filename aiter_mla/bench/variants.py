@@ -11,6 +11,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
+from ..jit.toolchain import interruptible
+
 
 @dataclass
 class Variant:
@@ -107,7 +109,7 @@ def build_variants(variants: list[Variant], jobs: int, progress: bool = True) ->
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, tqdm(
         total=len(variants), desc="build variants", unit="variant", file=sys.stderr,
         disable=not progress,
-    ) as bar:
+    ) as bar, interruptible(pool):
         futures = {pool.submit(one, v): v for v in variants}
         for fut in as_completed(futures):
             r = fut.result()

@@ -260,7 +260,7 @@ class Cache:
         if self._lock_kw is None:
             self._lock_kw = _filelock_kwargs()
         if timeout is None:
-            timeout = float(env.get("AITER_MLA_LOCK_TIMEOUT") or 900)
+            timeout = env.get_float("AITER_MLA_LOCK_TIMEOUT", 900.0, minimum=0.0)
         path = self.lock_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         lk = filelock.FileLock(str(path), **self._lock_kw)
@@ -298,7 +298,7 @@ class Cache:
     def _owner(self, key: str) -> str:
         try:
             o = json.loads(self.lock_path(key).with_suffix(".owner").read_text())
-            return (f"pid {o['pid']} on {o['host']} (building {o['what']}, "
+            return (f"pid {o['pid']} on {o['host']} ({o['what']}, "
                     f"{time.time() - o['since']:.0f} s ago)")
         except (OSError, ValueError, KeyError, TypeError):
             return "another process"

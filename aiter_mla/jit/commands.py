@@ -18,7 +18,7 @@ from ..arch import AMD_ARCHS, ARCHS, NVIDIA_ARCHS, is_experimental_enabled
 from . import core, third_party
 from .config import ParamError, load_config, templates_dir
 from .render import describe, render
-from .toolchain import ToolchainError, find_compiler
+from .toolchain import ToolchainError, find_compiler, interruptible
 
 
 def register(subparsers) -> None:
@@ -144,7 +144,7 @@ def cmd_build(args) -> int:
     n, done, failures = len(variants), 0, 0
     t0 = time.perf_counter()
     print(f"building {n} variant(s) with {jobs} job(s)", file=sys.stderr)
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    with ThreadPoolExecutor(max_workers=jobs) as pool, interruptible(pool):
         futs = {pool.submit(core.build_variant, name, force=args.force, **params):
                 describe(name, params) for name, params in variants}
         for fut in as_completed(futs):
@@ -289,8 +289,8 @@ def cmd_deps_fetch(args) -> int:
     st = core._get_state()
     for n in names:
         if n not in cfg.third_party:
-            raise KeyError(f"{n!r} is not pinned in {cfg.path} (pinned: "
-                           f"{', '.join(sorted(cfg.third_party))})")
+            raise ValueError(f"{n!r} is not pinned in {cfg.path} (pinned: "
+                             f"{', '.join(sorted(cfg.third_party))})")
         co = third_party.resolve(cfg.third_party[n], st.cache, allow_fetch=True)
         print(f"{n} {co.commit} verified at {co.path} (from {co.origin}, "
               f"tree {co.tree_sha256[:12]})")

@@ -21,8 +21,9 @@ Schema (``schema_version`` 1; unknown keys are errors, so a typo never passes si
           "default_variants": [{"arch": "sm_90a", ...}],   # what 'jit build --all' builds
           "flags": {"nvcc": [...], "hipcc": [...], "clang": [...]},  # appended per toolchain
           "third_party": ["HipKittens"],                   # pins whose tree enters the key
-          "experimental": false                            # skipped by build-all unless enabled
-        }
+          "experimental": false,                           # skipped by build-all unless enabled
+          "exclude": [{"when": {"<p>": v, ...}, "why": "..."}]  # optional: combinations
+        }                                                  # that cannot build, refused early
       }
     }
 
@@ -88,6 +89,8 @@ class ModuleConfig:
     third_party: tuple[str, ...]
     experimental: bool
     raw: dict = field(repr=False, compare=False, default_factory=dict)
+    #: (when, why) pairs: a variant matching every item of ``when`` cannot be built.
+    exclude: tuple[tuple[dict, str], ...] = ()
 
     def check_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """Return ``params`` sorted by name after checking every parameter is given, known
@@ -110,6 +113,11 @@ class ModuleConfig:
                     f"module {self.name!r}: parameter {p}={value!r} is not allowed; "
                     f"allowed: {_fmt_values(self.params[p])}"
                 )
+        for when, why in self.exclude:
+            if all(_is_allowed(params[p], (v,)) for p, v in when.items()):
+                combo = ", ".join(f"{p}={v!r}" for p, v in when.items())
+                raise ParamError(f"module {self.name!r}: the combination {combo} is not "
+                                 f"supported: {why}")
         return {p: params[p] for p in sorted(params)}
 
     def coerce_params(self, text_params: dict[str, str]) -> dict[str, Any]:
@@ -264,7 +272,7 @@ def _validate_module(name: str, m: Any, pins: dict) -> ModuleConfig:
     if not _NAME_RE.match(name):
         _fail(where, f"module name {name!r} must match [a-z][a-z0-9_]*")
     _check_keys(m, where, {"template", "params", "default_variants", "flags", "third_party",
-                           "experimental"}, {"doc"})
+                           "experimental"}, {"doc", "exclude"})
     if not isinstance(m["template"], str) or not m["template"] or m["template"].startswith("/") \
             or ".." in Path(m["template"]).parts:
         _fail(f"{where}.template", f"expected a relative path under templates/, got {m['template']!r}")
@@ -316,5 +324,33 @@ def _validate_module(name: str, m: Any, pins: dict) -> ModuleConfig:
                   f"(pinned: {', '.join(sorted(pins)) or 'none'})")
     if not isinstance(m["experimental"], bool):
         _fail(f"{where}.experimental", f"expected true or false, got {m['experimental']!r}")
-    return ModuleConfig(name, m["template"], str(m.get("doc", "")), params, tuple(defaults),
-                        flags, tp, m["experimental"], raw=m)
+    exclude = _validate_exclude(m.get("exclude", []), f"{where}.exclude", params)
+    module = ModuleConfig(name, m["template"], str(m.get("doc", "")), params, tuple(defaults),
+                          flags, tp, m["experimental"], raw=m, exclude=exclude)
+    for i, variant in enumerate(defaults):
+        try:
+            module.check_params(variant)
+        except ParamError as exc:
+            _fail(f"{where}.default_variants[{i}]", str(exc))
+    return module
+
+
+def _validate_exclude(raw: Any, where: str, params: dict[str, tuple]) -> tuple:
+    if not isinstance(raw, list):
+        _fail(where, f"expected a list, got {raw!r}")
+    out = []
+    for i, item in enumerate(raw):
+        iw = f"{where}[{i}]"
+        _check_keys(item, iw, {"when", "why"}, set())
+        when = item["when"]
+        if not isinstance(when, dict) or not when:
+            _fail(f"{iw}.when", f"expected a non-empty object, got {when!r}")
+        for p, v in when.items():
+            if p not in params:
+                _fail(f"{iw}.when.{p}", f"unknown parameter (parameters: {', '.join(params)})")
+            if not _is_allowed(v, params[p]):
+                _fail(f"{iw}.when.{p}", f"{v!r} is not allowed (allowed: {_fmt_values(params[p])})")
+        if not isinstance(item["why"], str) or not item["why"]:
+            _fail(f"{iw}.why", f"expected a non-empty string, got {item['why']!r}")
+        out.append((dict(when), item["why"]))
+    return tuple(out)

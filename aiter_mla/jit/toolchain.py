@@ -17,6 +17,7 @@ backend spends 0.42 s per process re-running nvcc for its key).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -258,13 +259,70 @@ def run_compiler(command: list[str], cwd: Path, log_path: Path) -> tuple[int, st
     if env.get_flag("AITER_MLA_VERBOSE"):
         print("aiter_mla: " + shlex.join(command), file=sys.stderr)
     try:
-        proc = subprocess.run(command, cwd=str(cwd), capture_output=True, text=True,
-                              env=env.child_environ())
-        rc, out = proc.returncode, proc.stdout + proc.stderr
+        # Its own process group, so an interrupted build (Ctrl-C, SIGTERM from a batch
+        # scheduler or `timeout`) takes nvcc's children (cicc, ptxas) down with it.
+        proc = subprocess.Popen(command, cwd=str(cwd), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env.child_environ(),
+                                start_new_session=True, preexec_fn=_die_with_parent)
     except OSError as exc:
         rc, out = 127, f"could not start {command[0]}: {exc}"
+    else:
+        _running.add(proc)
+        try:
+            out, _ = proc.communicate()
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            _running.discard(proc)
+        rc = proc.returncode
     log_path.write_text("$ " + shlex.join(command) + "\n" + out)
     return rc, out
+
+
+_running: set = set()  # compiler processes of builds in flight (any thread)
+
+
+def kill_running_builds() -> None:
+    """Kill every compiler this process started and is still waiting for (the CLI calls it
+    on Ctrl-C / SIGTERM: builds run in worker threads, which a signal does not interrupt).
+    Their builds then fail, and their staging folders are removed as for any failed build."""
+    for proc in list(_running):
+        _kill_group(proc)
+
+
+@contextlib.contextmanager
+def interruptible(pool):
+    """Wrap the body that waits on a pool of builds: on Ctrl-C / SIGTERM (or any error), cancel
+    the builds not started and kill the running compilers, so leaving the pool's ``with``
+    block does not wait for them to finish."""
+    try:
+        yield
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        kill_running_builds()
+        raise
+
+
+def _die_with_parent() -> None:
+    """In the compiler's child process: ask Linux to SIGKILL it when we die (even by SIGKILL),
+    so a killed build leaves no compiler writing into a staging folder. Best effort."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass
+
+
+def _kill_group(proc) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 def check_artifact(path: Path, compiler: Compiler, arch: str) -> str | None:
