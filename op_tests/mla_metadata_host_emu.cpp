@@ -1,6 +1,6 @@
 // CPU emulator of the one-CTA metadata kernel (templates/mla_metadata.cu.j2), for machines
 // without a GPU: the rendered template's md_body runs with one std::thread per CUDA thread;
-// __syncthreads, warp ballot and shuffles are emulated with barriers. The kernel code under
+// __syncthreads and warp shuffles are emulated with barriers. The kernel code under
 // test is the same text nvcc compiles; only the MD_* primitives differ.
 //
 // Build: g++ -std=c++17 -O1 -pthread -shared -fPIC -DMD_RENDERED='"<rendered .cu>"' this.cpp
@@ -57,33 +57,12 @@ thread_local int tid = 0;
 
 inline void sync_block() { blk->block.wait(); }
 
-inline uint64_t ballot(bool pred) {
-  const int w = tid / kWarp;
-  blk->slots[tid] = pred ? 1 : 0;
-  blk->warps[w]->wait();
-  uint64_t m = 0;
-  for (int l = 0; l < kWarp; ++l)
-    if (blk->slots[w * kWarp + l]) m |= uint64_t(1) << l;
-  blk->warps[w]->wait();
-  return m;
-}
-
 template <class T>
 inline T shfl_up(T v, int d) {
   const int w = tid / kWarp, lane = tid % kWarp;
   blk->slots[tid] = (int64_t)v;
   blk->warps[w]->wait();
   const T r = lane >= d ? (T)blk->slots[w * kWarp + lane - d] : v;
-  blk->warps[w]->wait();
-  return r;
-}
-
-template <class T>
-inline T shfl(T v, int src) {
-  const int w = tid / kWarp;
-  blk->slots[tid] = (int64_t)v;
-  blk->warps[w]->wait();
-  const T r = (T)blk->slots[w * kWarp + src];
   blk->warps[w]->wait();
   return r;
 }
@@ -96,9 +75,7 @@ inline T shfl(T v, int src) {
 #define MD_TID (emu::tid)
 #define MD_NTHREADS (emu::blk->nthreads)
 #define MD_SYNC() emu::sync_block()
-#define MD_BALLOT(pred) emu::ballot(pred)
 #define MD_SHFL_UP(v, d) emu::shfl_up((v), (d))
-#define MD_SHFL(v, src) emu::shfl((v), (src))
 #define MD_FFS(m) __builtin_ffsll((long long)(m))
 
 #include MD_RENDERED
@@ -113,7 +90,7 @@ extern "C" int emu_get_metadata_v1(
     int64_t cap_partial_map, int num_batches, int num_clusters, int num_splits, int page_size,
     int kv_granularity, int overhead, int tail_threshold, int nthreads) {
   if (nthreads < emu::kWarp || nthreads % emu::kWarp || nthreads > 1024) return 1;
-  std::vector<int64_t> ws((md_workspace_bytes(num_batches, num_clusters) + 7) / 8);
+  std::vector<int64_t> ws((md_workspace_bytes(nthreads) + 7) / 8);  // the shared memory
   MdParams p;
   p.qo_indptr = (const int32_t*)qo_indptr;
   p.kv_indptr = (const int32_t*)kv_indptr;
@@ -124,7 +101,6 @@ extern "C" int emu_get_metadata_v1(
   p.reduce_indptr = (int32_t*)reduce_indptr;
   p.reduce_final_map = (int32_t*)reduce_final_map;
   p.reduce_partial_map = (int32_t*)reduce_partial_map;
-  p.scratch = (unsigned char*)ws.data();
   p.cap_work_indptr = cap_work_indptr;
   p.cap_works = cap_works;
   p.cap_reduce_indptr = cap_reduce_indptr;
@@ -141,9 +117,9 @@ extern "C" int emu_get_metadata_v1(
   emu::blk = &block;
   std::vector<std::thread> threads;
   for (int t = 0; t < nthreads; ++t)
-    threads.emplace_back([t, &p] {
+    threads.emplace_back([t, &p, &ws] {
       emu::tid = t;
-      md_body(p, p.scratch);
+      md_body(p, (unsigned char*)ws.data());
     });
   for (auto& th : threads) th.join();
   emu::blk = nullptr;

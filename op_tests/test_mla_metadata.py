@@ -6,10 +6,11 @@ Three independent pieces are checked against each other:
   (coverage exactly once and in order, AITER field order, split tiles >= 2 pieces with distinct
   partial rows, reduce maps, buffer bounds, per-cluster cost, every row of a split piece sees a
   key), applied to the Python reference under hypothesis;
-* the Python reference (metadata_reference.py, greedy over clusters with a budget);
-* the device kernel (prefix-sum positions, cut list, thread per batch/cut), run on the CPU
-  through a thread-per-CUDA-thread emulator (mla_metadata_host_emu.cpp) of the very same
-  template text, and on the GPU (tests marked ``gpu``) through get_mla_metadata_v1.
+* the Python reference (metadata_reference.py, a plain loop over each batch's multiples of
+  delta on the cost line);
+* the device kernel (closed-form cut counts, block-wide prefix sums, one thread per work), run
+  on the CPU through a thread-per-CUDA-thread emulator (mla_metadata_host_emu.cpp) of the very
+  same template text, and on the GPU (tests marked ``gpu``) through get_mla_metadata_v1.
 """
 from __future__ import annotations
 
@@ -200,17 +201,18 @@ def check_schedule(qo, kv, lpl, *, work_indptr, work_info, reduce_indptr, reduce
         assert n_ptrs == 2 and n_indptr >= C + 1 and n_works >= W
         assert n_rindptr >= B + 1 and n_final >= B and n_partial >= len(reduce_partial_map)
 
-    # balance: no cluster exceeds the payload by more than one piece's overhead (or, for
-    # max_seqlen_qo > 8, the few blocks the tail rule may add)
+    # balance (metadata.py's proof): every cluster costs <= delta + OVH, plus the blocks of
+    # one tail the tail rule merged; exactly delta + OVH when no cut was dropped
     S = sum(-(-(kv[b + 1] - kv[b]) // G) + ovh for b in range(B))
-    payload = -(-S // N) + ovh
-    slack = max(ovh, tail_blocks_bound(max_seqlen_qo, page_size, G))
-    if max_seqlen_qo <= 8:
-        assert slack == ovh
+    delta = -(-S // N) if B else 0
+    tail = tail_blocks_bound(max_seqlen_qo, page_size, G)
+    if max_seqlen_qo == 1:
+        assert tail == 0
     for c in range(C):
         cost = sum(-(-(work_info[w][WI["kv_end"]] - work_info[w][WI["kv_start"]]) // G) + ovh
                    for w in range(work_indptr[c], work_indptr[c + 1]))
-        assert cost <= payload + slack, f"cluster {c} cost {cost} > {payload} + {slack}"
+        assert cost <= delta + ovh + tail, f"cluster {c} cost {cost} > {delta} + {ovh} + {tail}"
+    return delta
 
 
 def check_reference(qo, kv, lpl, *, C, page_size, G, thr, msb=-1, heads=1):
@@ -271,23 +273,27 @@ def test_reference_properties(cfg):
 
 def test_reference_hand_worked_example():
     # page 64, G = 1 page, OVH = 1; batches of 100, 0 and 300 pages; 8 clusters.
-    # S = (100+1) + (0+1) + (300+1) = 404, payload = ceil(404/8) + 1 = 52.
+    # S = (100+1) + (0+1) + (300+1) = 404, delta = ceil(404/8) = 51: the line is cut at
+    # 51, 102, 153, ... Batch 0 = [0, 101): blocks from 1, cut at 51 (block 50). Batch 1 =
+    # [101, 102): its (empty) piece starts at 102 -> cluster 2. Batch 2 = [102, 403): blocks
+    # from 103, cuts at 153, 204, 255, 306, 357 (blocks 50, 101, 152, 203, 254).
     qo, kv, lpl = [0, 1, 2, 3], [0, 100, 100, 400], [5, 1, 64]
     s = check_reference(qo, kv, lpl, C=8, page_size=64, G=1, thr=1, heads=128)
-    assert s.payload == 52 and s.overhead == 1
+    assert s.delta == 51 and s.payload == 52 and s.overhead == 1
     rows = [tuple(r) for r in s.work_info]
     assert rows == [
-        (0, 0, 0, 1, 0, 51, (100 - 51 - 1) * 64 + 5, 0),  # cluster 0: 51 pages + OVH = 52
-        (0, 1, 0, 1, 51, 100, 0, 0),      # cluster 1: 49 + 1 = 50, then batch 1 (cost 1)
+        (0, 0, 0, 1, 0, 50, (100 - 50 - 1) * 64 + 5, 0),  # cluster 0: 50 pages + OVH = 51
+        (0, 1, 0, 1, 50, 100, 0, 0),      # cluster 1
         (1, -1, 1, 2, 100, 100, 0, 0),    # zero-length batch: one unsplit work, kv_start == kv_end
-        (2, 2, 2, 3, 100, 151, 15936, 0),  # remain 1 <= OVH: batch 2 starts on cluster 2
-        (2, 3, 2, 3, 151, 202, 12672, 0),
-        (2, 4, 2, 3, 202, 253, 9408, 0),
-        (2, 5, 2, 3, 253, 304, 6144, 0),
-        (2, 6, 2, 3, 304, 355, 2880, 0),
-        (2, 7, 2, 3, 355, 400, 0, 0),
+        (2, 2, 2, 3, 100, 150, 16000, 0),  # cluster 2 (with batch 1: 1 + 51 = delta + OVH)
+        (2, 3, 2, 3, 150, 201, 12736, 0),
+        (2, 4, 2, 3, 201, 252, 9472, 0),
+        (2, 5, 2, 3, 252, 303, 6208, 0),
+        (2, 6, 2, 3, 303, 354, 2944, 0),
+        (2, 7, 2, 3, 354, 400, 0, 0),
     ]
-    assert s.work_indptr == [0, 1, 3, 4, 5, 6, 7, 8, 9]
+    assert s.work_indptr == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    assert s.cluster_cost == [51, 51, 52, 52, 52, 52, 52, 47]
     assert s.reduce_indptr == [0, 2, 2, 8]
     assert s.reduce_partial_map == [0, 1, 2, 3, 4, 5, 6, 7]
     assert s.reduce_final_map == [(0, 1), (1, 2), (2, 3)]
@@ -310,14 +316,15 @@ def test_zero_length_batches_get_one_unsplit_work():
 
 
 def test_paged_tail_rule_fixes_5_6():
-    # page 64, qlen 4, G 1: 3 pages holding 129 tokens (last page 1 token), 2 clusters.
-    # S = 3 + 1 = 4, delta = 2: AITER (tail rule only at page 1) cuts after page 2, leaving
-    # 1 token: q rows 0..2 would see no key in that piece. We refuse the cut.
-    qo, kv, lpl = make_inputs([129], [4], 64)
+    # page 64, qlen 4, G 1: 2 pages holding 65 tokens (last page 1 token), 2 clusters.
+    # S = 2 + 1 = 3, delta = 2: the line cut at 2 falls after page 1 and would leave 1 token:
+    # q rows 0..2 would see no key in that piece (AITER applies its tail rule only at page 1).
+    # We drop the cut.
+    qo, kv, lpl = make_inputs([65], [4], 64)
     s = check_reference(qo, kv, lpl, C=2, page_size=64, G=1, thr=4)
     assert len(s.work_info) == 1 and s.work_info[0][WI["partial_qo_loc"]] == -1
     # with 4 tokens left the cut is fine
-    qo, kv, lpl = make_inputs([132], [4], 64)
+    qo, kv, lpl = make_inputs([68], [4], 64)
     s = check_reference(qo, kv, lpl, C=2, page_size=64, G=1, thr=4)
     assert [r[WI["kv_offset"]] for r in s.work_info] == [4, 0]
 
@@ -630,13 +637,13 @@ def test_emulated_kernel_edge_cases(emulator):
     cases = [
         ([], 8, 64, 1, 1),                               # no batch at all
         ([0] * 40, 5, 16, 4, 2),                         # all zero-length
-        ([129], 2, 64, 1, 4),                            # §5.6 tail refusal
+        ([65], 2, 64, 1, 4),                             # §5.6 tail refusal
         ([10**6], 264, 64, 1, 1),                        # one batch over every cluster
         ([2**31 - 1], 264, 256, 1, 2),                   # 2**31 - 1 tokens in one batch
         ([2**30, 2**30 - 1], 132, 1, 64, 1),             # page 1 at the int32 page limit
         ([(2**31 - 1) // 4096] * 4096, 132, 256, 1, 1),  # total ~2**31 tokens, batch 4096
-        ([8192] * 256, 132, 1, 64, 1),                   # every cluster stops at a batch start
-        ([8192] * 256, 132, 64, 1, 1),                   # few stops: long runs of cuts
+        ([8192] * 256, 132, 1, 64, 1),                   # OVH 16: clusters start mid-overhead
+        ([8192] * 256, 132, 64, 1, 1),                   # one cut per cluster boundary
         ([1, 0, 2, 0, 3] * 300, 264, 64, 1, 1),          # tiny batches, many per cluster
     ]
     for lens, C, ps, G, thr in cases:
@@ -653,6 +660,19 @@ def test_emulated_kernel_batch_4096(emulator):
         qo, kv, lpl = make_inputs(lens, qlens, ps)
         emulate_and_compare(emulator, qo, kv, lpl, C=132, page_size=ps, G=G, thr=4,
                             nthreads=128)
+
+
+def test_emulated_kernel_full_block_and_many_tiles(emulator):
+    """The device's block shape (1024 threads: 32 warps in the cross-warp scan), one tile and
+    several, and 40000 batches (40 tiles with carries, as the GPU test)."""
+    rng = random.Random(1024)
+    for B, ps, kind in ((1000, 64, "random"), (4096, 1, "zeros"), (40000, 16, "random")):
+        G = md.default_kv_granularity(ps)
+        lens = random_lengths(rng, kind, B, ps, G)
+        qlens = [rng.randint(1, 4) for _ in range(B)]
+        qo, kv, lpl = make_inputs(lens, qlens, ps)
+        emulate_and_compare(emulator, qo, kv, lpl, C=132, page_size=ps, G=G, thr=4,
+                            nthreads=1024)
 
 
 def test_emulated_kernel_invalid_values_stay_in_bounds(emulator):
@@ -742,9 +762,9 @@ def test_gpu_kernel_equals_reference_1000_configs(monkeypatch):
 
 @gpu
 @needs_cuda
-def test_gpu_batch_4096_and_global_workspace(monkeypatch):
+def test_gpu_batch_4096_and_40000(monkeypatch):
     rng = random.Random(11)
-    for B, ps in ((4096, 64), (4096, 1), (40000, 16)):  # 40000 batches: workspace > smem
+    for B, ps in ((4096, 64), (4096, 1), (40000, 16)):  # 40000 batches: 40 tiles of 1024
         G = md.default_kv_granularity(ps)
         cfg = dict(lens=random_lengths(rng, "random", B, ps, G), qlens=[1] * B, ps=ps, C=132,
                    G=G, thr=1, heads=16, msb=-1, extra=0)

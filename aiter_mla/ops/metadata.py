@@ -1,21 +1,48 @@
 """Split-KV work schedule: AITER's ``get_mla_metadata_info_v1`` / ``get_mla_metadata_v1``
-(fast mode, v1_2), filled on the device by the JIT module ``mla_metadata``.
+(fast mode, v1_2 buffers and cost model), filled on the device by the JIT module
+``mla_metadata``.
 
 A *cluster* is AITER's term for one persistent work list (one entry of ``work_indptr``); the
 count comes from :func:`aiter_mla.arch.num_clusters`, the same function the decode launch uses.
-The schedule itself, its units and this package's fixes are described in
-:mod:`aiter_mla.ops.metadata_reference` (the CPU reference the kernel is tested against).
+The schedule itself (position based: the cost line cut every ``delta`` blocks), its units and
+this package's fixes are described in :mod:`aiter_mla.ops.metadata_reference` (the CPU
+reference the kernel is tested against).
 
-Buffer bounds (why :func:`get_mla_metadata_info_v1` never under-sizes). Let B batches, C
-clusters and N <= C the clusters the payload is spread over. Put every batch's cost
-``blocks_b + OVH`` end to end; a cluster starts at a position p in that line and, with
-``delta = ceil(sum / N)``, either cuts the batch at p + delta, stops at a batch boundary in
-[p + delta, p + delta + OVH], or takes the rest of a batch (tail rule). Each cluster therefore
-advances p by >= delta, so N clusters always reach the end (nothing is left unassigned), and
-each cluster makes at most one cut, never the last cluster used. Hence cuts K <= N - 1,
-works = B + K <= B + N - 1, and reduce entries = K + (#split batches) <= min(2K, K + B)
-<= min(2(N - 1), B + N - 1). Zero-length batches cost OVH and are never cut, so the bound holds
-for them too.
+Proofs. B batches, C clusters, N <= C the clusters the payload is spread over; batch b costs
+``c_b = blocks_b + OVH`` and occupies ``[P_b, P_b + c_b)`` on the cost line (overhead first,
+then blocks), ``S = sum c_b``, ``delta = ceil(S / N)`` (>= 1 when B >= 1, as S >= OVH).
+A piece starting at line position x (a cut, or ``P_b + OVH``) goes to cluster
+``min(N - 1, x // delta)``.
+
+*Buffer bounds* (why :func:`get_mla_metadata_info_v1` never under-sizes). A kept cut lies at a
+multiple ``m * delta`` strictly inside one batch's block region; the regions are disjoint, so
+each m is used at most once, and ``m * delta < S <= N * delta`` gives ``1 <= m <= N - 1``.
+Hence cuts K <= N - 1, works = B + K <= B + N - 1, and reduce entries = K + (#split batches)
+<= min(2K, K + B) <= min(2(N - 1), B + N - 1), which the sizes with C >= N cover. Zero-length
+batches cost OVH and are never cut, so the bound holds for them too. Every piece lies on one
+cluster < N (a cut m goes to cluster m <= N - 1), and a batch's pieces sit on consecutive
+clusters: the piece ending at cut m starts in ``[(m - 1) delta, m delta)`` (at the previous
+kept cut, which is ``(m - 1) delta`` as kept cuts are consecutive multiples, or at
+``P_b + OVH``, the first multiple after which is m), so it is the last work of cluster m - 1.
+
+*Cluster cost* (KV blocks + OVH per piece). Let ``tail = 0`` if max_seqlen_qo = 1, else
+``ceil((floor((max_seqlen_qo - 2) / page_size) + 1) / kv_granularity)``: the most blocks
+after a cut that leaves fewer than max_seqlen_qo tokens (its last page holds >= 1 token).
+Then every cluster k costs <= ``delta + OVH + tail``, and <= ``delta + OVH`` (AITER's
+payload) when the tail rule drops no cut. Proof: k's pieces start in ``[k delta, (k+1)
+delta)`` (the last cluster: up to S <= N delta). Their line intervals are disjoint: a first
+piece ``[P_b, end)``, a cut piece ``[m delta, end)`` plus OVH not on the line. Start: if k's
+first piece starts at the cut ``k delta`` its interval starts there and it pays the one
+off-line OVH (no overhead straddles ``k delta``, which lies inside a batch's blocks);
+otherwise it is a batch's first piece with ``P_b + OVH >= k delta``, so the intervals start at
+``>= k delta - OVH``. End: a piece of k running past ``(k+1) delta`` holds that point inside
+its batch's block region (were it inside the overhead, the batch's first piece would start at
+``>= (k+1) delta``), i.e. a candidate cut; kept, the piece would end there, so the tail rule
+dropped it and the piece ends at its batch's end, < max_seqlen_qo tokens = <= tail blocks
+later. So the line span is <= delta + OVH + tail (OVH counted once, on the line or off it).
+
+Kernel cost: no serial walk; block-wide prefix sums over batches in tiles of blockDim (the
+template's header comment).
 """
 from __future__ import annotations
 
@@ -27,6 +54,7 @@ from typing import Any
 
 from .. import arch as _arch
 from .metadata_reference import (
+    check_int,
     check_scalars,
     num_splits_for,
     overhead_blocks,
@@ -44,10 +72,6 @@ __all__ = [
     "PlanRecord",
     "lookup_plan",
 ]
-
-#: Threads of the one metadata CTA on sm_90a (the walk itself is one warp).
-_THREADS = 512
-
 
 def default_kv_granularity(page_size: int) -> int:
     """Pages per cost block for the decode op's plans: ``max(1, 64 // page_size)``.
@@ -113,6 +137,11 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
 
     _unsupported_modes(is_sparse=is_sparse, fast_mode=fast_mode,
                        intra_batch_mode=intra_batch_mode)
+    check_int("batch_size", batch_size)
+    for name, dtype in (("q_dtype", q_dtype), ("kv_dtype", kv_dtype)):
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"{name} must be a torch.dtype (e.g. torch.float8_e4m3fn or "
+                            f"torch.bfloat16), got {type(dtype).__name__} {dtype!r}")
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
     check_scalars(num_heads=num_head_qo, num_clusters=1, page_size=1, kv_granularity=1,
@@ -232,23 +261,9 @@ class _Kernel:
              vp, vp, vp, vp, vp, vp,        # metadata ptrs, work_indptr, work_info_set, reduce x3
              i64, i64, i64, i64, i64,       # capacities
              i32, i32, i32, i32, i32, i32, i32,  # B, C, N, page_size, G, OVH, tail threshold
-             vp, i32, vp],                  # scratch, device, stream
+             i32, vp],                      # device, stream
             ctypes.c_int)
-        self.scratch_bytes = mod.function(
-            "aiter_mla_metadata_scratch_bytes", [i64, i64, i32, ctypes.POINTER(i64)], ctypes.c_int)
         self.error_string = mod.function("aiter_mla_error_string", [i32], ctypes.c_char_p)
-        self._scratch_memo: dict[tuple, int] = {}
-
-    def scratch_for(self, nb: int, nc: int, device_index: int) -> int:
-        key = (nb, nc, device_index)
-        n = self._scratch_memo.get(key)
-        if n is None:
-            out = ctypes.c_int64(0)
-            rc = self.scratch_bytes(nb, nc, device_index, ctypes.byref(out))
-            if rc != 0:
-                raise RuntimeError(f"mla_metadata: {self.error_string(rc).decode()}")
-            n = self._scratch_memo[key] = out.value
-        return n
 
 
 try:  # a fraction of a microsecond, against several for torch.cuda.current_stream(i)
@@ -309,8 +324,9 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     ``reduce_final_map[:B]`` (every tile, split or not); the used entries of
     ``reduce_partial_map``. Records a :class:`PlanRecord` for :func:`lookup_plan`.
 
-    Source: AITER ``get_mla_metadata_v1`` -> ``get_mla_metadata_v1_2_device`` (PR #3072), with
-    the fixes listed in :mod:`aiter_mla.ops.metadata_reference`.
+    Source: AITER ``get_mla_metadata_v1`` -> ``get_mla_metadata_v1_2_device`` (PR #3072):
+    its buffers, units and cost model; the cluster assignment is position based instead of
+    AITER's serial greedy, with the fixes listed in :mod:`aiter_mla.ops.metadata_reference`.
 
     Raises NotImplementedError for ``topk >= 0``, ``intra_batch_mode``, ``fast_mode=False`` or
     ``num_heads_per_head_k * max_seqlen_qo > 128``; ValueError / TypeError for bad arguments
@@ -329,6 +345,8 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     elif uni_seqlen_qo is not None and uni_seqlen_qo > 0 and uni_seqlen_qo != max_seqlen_qo:
         raise ValueError(f"uni_seqlen_qo={uni_seqlen_qo} (uniform q length) must equal "
                          f"max_seqlen_qo={max_seqlen_qo}")
+    check_int("num_heads_per_head_k", num_heads_per_head_k)
+    check_int("num_heads_k", num_heads_k)
     if num_heads_k < 1:
         raise ValueError(f"num_heads_k must be >= 1, got {num_heads_k}")
     if not isinstance(seqlens_kv_indptr, torch.Tensor):
@@ -395,12 +413,6 @@ def _launch(device, qo_indptr, kv_indptr, kv_last_page_lens, work_metadata_ptrs,
 
     index = device.index if device.index is not None else torch.cuda.current_device()
     k = _kernel(index)
-    scratch = None
-    need = k.scratch_for(nb, nc, index)
-    if need:
-        # Too large for shared memory: the kernel works in this global workspace instead
-        # (stream-ordered allocation: no sync, and captured graphs keep it alive).
-        scratch = torch.empty(need, dtype=torch.uint8, device=device)
     stream = _raw_stream(index)
     rc = k.launch(
         qo_indptr.data_ptr(), kv_indptr.data_ptr(), kv_last_page_lens.data_ptr(),
@@ -409,6 +421,6 @@ def _launch(device, qo_indptr, kv_indptr, kv_last_page_lens, work_metadata_ptrs,
         work_indptr.numel(), work_info_set.shape[0], reduce_indptr.numel(),
         reduce_final_map.shape[0], reduce_partial_map.numel(),
         nb, nc, nsplit, page_size, kv_granularity, overhead_blocks(page_size), max_seqlen_qo,
-        scratch.data_ptr() if scratch is not None else None, index, stream)
+        index, stream)
     if rc != 0:
         raise RuntimeError(f"mla_metadata kernel launch failed: {k.error_string(rc).decode()}")

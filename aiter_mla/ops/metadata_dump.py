@@ -24,12 +24,19 @@ def _int_list(text: str, name: str) -> list[int]:
 def _lengths(spec: str, batch: int, seed: int) -> list[int]:
     """``N``, ``a,b,c`` (cycled over the batch) or ``LO-HI`` (uniform random, seeded)."""
     if "-" in spec.strip("-"):
-        lo, hi = (int(x) for x in spec.split("-", 1))
+        try:
+            lo, hi = (int(x) for x in spec.split("-", 1))
+        except ValueError:
+            raise ValueError(f"--ctx range must be LO-HI with ints, got {spec!r}") from None
+        if not 0 <= lo <= hi:
+            raise ValueError(f"--ctx range LO-HI needs 0 <= LO <= HI, got {spec!r}")
         rng = random.Random(seed)
         return [rng.randint(lo, hi) for _ in range(batch)]
     vals = _int_list(spec, "ctx")
     if not vals:
         raise ValueError("--ctx is empty")
+    if min(vals) < 0:
+        raise ValueError(f"--ctx lengths must be >= 0 tokens, got {spec!r}")
     return [vals[b % len(vals)] for b in range(batch)]
 
 
@@ -41,7 +48,7 @@ def build(args):
     if args.batch < 0:
         raise ValueError(f"--batch must be >= 0, got {args.batch}")
     ps = args.page_size
-    G = args.kv_granularity or default_kv_granularity(ps)
+    G = default_kv_granularity(ps) if args.kv_granularity is None else args.kv_granularity
     tokens = _lengths(args.ctx, args.batch, args.seed)
     qlens_cycle = _int_list(args.qlen, "qlen")
     qlens = [qlens_cycle[b % len(qlens_cycle)] for b in range(args.batch)]
@@ -82,7 +89,8 @@ def render(qo, kv, tokens, s, *, show_works: bool = False) -> str:
         f"page_size {ps}, kv_granularity {G} pages = {G * ps} tokens per cost block, "
         f"overhead {s.overhead} block(s) per piece, max_seqlen_qo {s.max_seqlen_qo}")
     lines.append(
-        f"cost: {total_cost} blocks in all, payload {s.payload} blocks per cluster; works "
+        f"cost: {total_cost} blocks in all, cut every delta = {s.delta} blocks; payload "
+        f"(delta + overhead, a cluster's bound) {s.payload}; works "
         f"{s.num_works} (buffer bound {B + C - 1}), reduce entries "
         f"{len(s.reduce_partial_map)} (bound {max(0, min(B + C - 1, 2 * (C - 1)))})")
     loads = s.cluster_cost

@@ -1,29 +1,42 @@
 """Pure-Python reference of the split-KV work scheduler (AITER ``get_mla_metadata_v1``, fast
-mode ``v1_2``), runnable on the CPU.
+mode ``v1_2``, same buffers and cost model), runnable on the CPU.
 
-Written from the algorithm's *description* (spec §5.2/§5.3): a greedy that walks the clusters
-in order, gives each a budget of ``payload`` cost blocks, keeps taking whole batches while they
-fit and cuts the batch that does not fit at a ``kv_granularity`` boundary. The device kernel
-(``templates/mla_metadata.cu.j2``) computes the same schedule a different way (positions in a
-prefix-summed cost space, a list of cuts, then one thread per batch and per cut), so tests that
-compare the two check one against the other.
+The schedule is *position based*: every batch's cost is laid end to end on one line and the
+line is cut into ``num_splits`` equal slices of ``delta`` cost blocks. AITER's v1_2 instead
+walks the clusters greedily with a budget of ``delta + OVH`` each (spec §5.2); both give each
+cluster about ``delta`` blocks, but a cluster's pieces here depend only on where they sit on
+the line, so the device kernel can place every piece independently (prefix sums, no serial
+walk over clusters). The cut positions therefore differ from AITER's; the balance bound is
+AITER's payload (``delta + OVH`` per cluster, plus one merged tail: ``metadata.py``).
+
+* Batch b costs ``c_b = blocks_b + OVH`` (``blocks_b = ceil(kv_pages_b / kv_granularity)``)
+  and occupies ``[P_b, P_b + c_b)`` with ``P_b = sum_{i<b} c_i``: its OVH overhead units,
+  then its blocks. ``delta = ceil(S / num_splits)``, ``S = sum c_b``.
+* A cut of batch b may sit at each multiple ``m * delta`` strictly inside its block region
+  (so both sides get >= 1 block), at block offset ``m * delta - P_b - OVH``.
+* A piece starting at line position ``x`` (a cut, or ``P_b + OVH`` for a batch's first piece)
+  goes to cluster ``min(num_splits - 1, x // delta)``. Works are in (batch, kv) order, which
+  is also cluster order.
+
+The device kernel (``templates/mla_metadata.cu.j2``) computes the same schedule a different
+way (closed-form cut counts per batch, block-wide prefix sums, one thread per work), so tests
+that compare the two check one against the other.
 
 Conventions (``docs/ARCHITECTURE.md``; units as AITER):
 
 * ``kv_indptr``, ``kv_start``, ``kv_end``, ``kv_granularity``: pages. ``kv_offset``: tokens.
-* cost of a batch = ``ceil(kv_pages / kv_granularity)`` blocks + ``OVH`` per piece,
-  ``OVH = max(1, ceil(16 / page_size))`` (AITER ``fixed_over_head_num_blocks``).
-* ``payload = ceil(sum_cost / num_splits) + OVH``,
-  ``num_splits = num_clusters`` if ``max_split_per_batch < 0`` else
+* ``OVH = max(1, ceil(16 / page_size))`` (AITER ``fixed_over_head_num_blocks``).
+* ``num_splits = num_clusters`` if ``max_split_per_batch < 0`` else
   ``min(num_clusters, max_split_per_batch * num_batches)`` (a *global* cap, as AITER).
 * One qo tile per batch (``num_heads * max_seqlen_qo <= 128``); ragged q lengths are read from
-  ``qo_indptr``: a split piece takes ``qlen_b`` partial rows, ``reduce_final_map[b] =
-  (qo_start_b, qo_end_b)``.
+  ``qo_indptr``: a split piece takes ``qlen_b`` partial rows (rows in (batch, piece) order),
+  ``reduce_final_map[b] = (qo_start_b, qo_end_b)``.
 * Tail rule (spec §5.6 fix): a cut is never made when it would leave fewer than
-  ``max_seqlen_qo`` KV tokens after it; the cluster takes the whole rest of the batch instead.
-  AITER applies this rule only at page_size 1; applying it to every page size means every q row
-  of every split piece sees at least one key, so no partial row is left for the decode kernel's
-  "no visible key" backstop (which still exists: ``ARCHITECTURE.md``).
+  ``max_seqlen_qo`` KV tokens after it; the piece before it runs on (to the batch end, as
+  every later cut of that batch leaves even fewer tokens). AITER applies this rule only at
+  page_size 1; applying it to every page size means every q row of every split piece sees at
+  least one key, so no partial row is left for the decode kernel's "no visible key" backstop
+  (which still exists: ``ARCHITECTURE.md``).
 * A zero-length KV batch gets one unsplit work with ``kv_start == kv_end`` (the decode kernel
   writes output 0 and final LSE +inf for its rows).
 * Every tile (= batch, in batch order) gets ``reduce_final_map[b] = (qo_start, qo_end)``, also
@@ -60,10 +73,25 @@ def _is_pow2(x: int) -> bool:
     return x >= 1 and (x & (x - 1)) == 0
 
 
+def check_int(name: str, value) -> None:
+    """TypeError unless ``value`` is a plain integer (Python or NumPy int; not a bool, a float
+    or a tensor): a float batch size would otherwise turn into float buffer shapes."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+
+
 def check_scalars(*, num_heads: int, num_clusters: int, page_size: int, kv_granularity: int,
                   max_seqlen_qo: int, max_split_per_batch: int) -> None:
-    """Raise ValueError / NotImplementedError for scalar arguments outside what the scheduler
-    supports (shared by the reference and the device op, so both reject the same inputs)."""
+    """Raise TypeError / ValueError / NotImplementedError for scalar arguments outside what the
+    scheduler supports (shared by the reference and the device op, so both reject the same
+    inputs)."""
+    for name, value in (("num_heads", num_heads), ("num_clusters", num_clusters),
+                        ("page_size", page_size), ("kv_granularity", kv_granularity),
+                        ("max_seqlen_qo", max_seqlen_qo),
+                        ("max_split_per_batch", max_split_per_batch)):
+        check_int(name, value)
     if num_heads < 1:
         raise ValueError(f"num_heads must be >= 1, got {num_heads}")
     if max_seqlen_qo < 1:
@@ -148,6 +176,9 @@ class Schedule:
 
     ``work_info[w]`` is an 8-tuple in :data:`aiter_mla.work_info.WORK_INFO_FIELDS` order.
     ``cluster_cost[c]`` is cluster c's load in cost blocks (KV blocks + OVH per piece).
+    ``delta`` = ``ceil(total cost / num_splits)``, the spacing of the cut lattice;
+    ``payload`` = ``delta + overhead``, the most any cluster costs when the tail rule
+    merges nothing (``metadata.py`` has the proof).
     """
     work_indptr: list[int]
     work_info: list[tuple[int, ...]]
@@ -164,6 +195,7 @@ class Schedule:
     overhead: int
     payload: int
     cluster_cost: list[int] = field(default_factory=list)
+    delta: int = 0
 
     @property
     def num_works(self) -> int:
@@ -173,7 +205,7 @@ class Schedule:
 def reference_schedule(qo_indptr, kv_indptr, kv_last_page_lens, *, num_heads: int,
                        num_clusters: int, page_size: int, kv_granularity: int,
                        max_seqlen_qo: int, max_split_per_batch: int = -1) -> Schedule:
-    """The schedule AITER's fast-mode greedy (v1_2) produces, with this package's fixes.
+    """The position-based split-KV schedule (module docstring), with this package's fixes.
 
     Args: ``qo_indptr`` [B+1] (q tokens), ``kv_indptr`` [B+1] (pages),
     ``kv_last_page_lens`` [>=B] (tokens in each batch's last page), as Python lists or tensors
@@ -195,7 +227,7 @@ def reference_schedule(qo_indptr, kv_indptr, kv_last_page_lens, *, num_heads: in
     blocks = [-(-(kv[b + 1] - kv[b]) // G) for b in range(nb)]
     total_cost = sum(blocks) + ovh * nb
     nsplits = num_splits_for(num_clusters, max_split_per_batch, nb)
-    payload = -(-total_cost // nsplits) + ovh
+    delta = -(-total_cost // nsplits)
 
     def tokens_after(b: int, page: int) -> int:
         """Real KV tokens of batch b at or after page index ``page`` (0 at the tail)."""
@@ -206,80 +238,72 @@ def reference_schedule(qo_indptr, kv_indptr, kv_last_page_lens, *, num_heads: in
             return end - page
         return (end - page - 1) * page_size + lpl[b]
 
-    work_indptr = [0]
+    def cluster_at(pos: int) -> int:
+        return min(nsplits - 1, pos // delta)
+
+    # Pieces in (batch, kv) order: (batch, first block, end block, cluster).
+    pieces: list[tuple[int, int, int, int]] = []
+    pos = 0                  # where batch b starts on the cost line
+    for b in range(nb):
+        first = pos + ovh    # line position of the batch's first KV block
+        cuts = []            # block offsets where the batch is cut
+        m = first // delta + 1
+        while m * delta < first + blocks[b]:
+            beta = m * delta - first
+            # tail rule: a cut leaving fewer than max_seqlen_qo tokens is dropped (the piece
+            # before it runs on to the next kept cut or the batch end)
+            if tokens_after(b, kv[b] + beta * G) >= max_seqlen_qo:
+                cuts.append(beta)
+            m += 1
+        bounds = [0] + cuts + [blocks[b]]
+        for j in range(len(bounds) - 1):
+            pieces.append((b, bounds[j], bounds[j + 1], cluster_at(first + bounds[j])))
+        pos += blocks[b] + ovh
+
+    work_indptr = [0] * (num_clusters + 1)
     work_info: list[tuple[int, ...]] = []
     reduce_indptr = [0]
     reduce_final_map: list[tuple[int, int]] = []
     reduce_partial_map: list[int] = []
-    cluster_cost: list[int] = []
+    cluster_cost = [0] * num_clusters
     next_partial_row = 0     # first free q-token row of the partial buffers
 
-    b = 0
-    done_blocks = 0          # blocks of batch b already given to earlier clusters
-    piece_rows: list[int] = []   # partial rows of batch b's pieces so far
-    absorb = False           # a cut of batch b was refused by the tail rule
-
-    def emit(b: int, partial: int, kv_start: int, kv_end: int) -> None:
-        rec = [0] * WORK_INFO_INTS   # the padding field stays 0
-        rec[WI["batch_idx"]] = b
-        rec[WI["partial_qo_loc"]] = partial
-        rec[WI["qo_start"]] = qo[b]
-        rec[WI["qo_end"]] = qo[b + 1]
-        rec[WI["kv_start"]] = kv_start
-        rec[WI["kv_end"]] = kv_end
-        rec[WI["kv_offset"]] = tokens_after(b, kv_end)
-        work_info.append(tuple(rec))
-
-    for _cluster in range(num_clusters):
-        remain = payload
-        used = 0
-        while b < nb:
-            left = blocks[b] - done_blocks
-            kv_start = kv[b] + done_blocks * G
-            qlen = qo[b + 1] - qo[b]
-            if absorb or remain >= left + ovh:
-                # batch b ends on this cluster
-                if piece_rows:
-                    row = next_partial_row
-                    next_partial_row += qlen
-                    piece_rows.append(row)
-                    emit(b, row, kv_start, kv[b + 1])
-                    reduce_partial_map.extend(piece_rows)
-                else:
-                    emit(b, -1, kv_start, kv[b + 1])
-                reduce_indptr.append(len(reduce_partial_map))
-                reduce_final_map.append((qo[b], qo[b + 1]))
-                remain -= left + ovh
-                used += left + ovh
-                b += 1
-                done_blocks = 0
-                piece_rows = []
-                absorb = False
-                continue
-            if remain > ovh:
-                take = remain - ovh
-                cut = kv[b] + (done_blocks + take) * G
-                if tokens_after(b, cut) < max_seqlen_qo:
-                    absorb = True   # too few tokens would follow the cut: take all of b here
-                    continue
-                row = next_partial_row
+    by_batch: list[list[tuple[int, int, int, int]]] = [[] for _ in range(nb)]
+    for p in pieces:
+        by_batch[p[0]].append(p)
+    for b in range(nb):
+        split = len(by_batch[b]) > 1
+        qlen = qo[b + 1] - qo[b]
+        for _, lo, hi, cluster in by_batch[b]:
+            kv_start = kv[b] + lo * G
+            kv_end = min(kv[b] + hi * G, kv[b + 1])
+            partial = -1
+            if split:
+                partial = next_partial_row
                 next_partial_row += qlen
-                piece_rows.append(row)
-                emit(b, row, kv_start, cut)
-                done_blocks += take
-                used += remain
-            break
-        work_indptr.append(len(work_info))
-        cluster_cost.append(used)
-    if b != nb:  # cannot happen: each cluster advances >= payload - OVH blocks (see metadata.py)
-        raise AssertionError(f"scheduler left batches {b}..{nb - 1} unassigned")
+                reduce_partial_map.append(partial)
+            rec = [0] * WORK_INFO_INTS   # the padding field stays 0
+            rec[WI["batch_idx"]] = b
+            rec[WI["partial_qo_loc"]] = partial
+            rec[WI["qo_start"]] = qo[b]
+            rec[WI["qo_end"]] = qo[b + 1]
+            rec[WI["kv_start"]] = kv_start
+            rec[WI["kv_end"]] = kv_end
+            rec[WI["kv_offset"]] = tokens_after(b, kv_end)
+            work_info.append(tuple(rec))
+            work_indptr[cluster + 1] += 1
+            cluster_cost[cluster] += hi - lo + ovh
+        reduce_indptr.append(len(reduce_partial_map))
+        reduce_final_map.append((qo[b], qo[b + 1]))
+    for c in range(num_clusters):
+        work_indptr[c + 1] += work_indptr[c]
 
     return Schedule(
         work_indptr=work_indptr, work_info=work_info, reduce_indptr=reduce_indptr,
         reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
         num_heads=num_heads, num_clusters=num_clusters, num_splits=nsplits,
         page_size=page_size, kv_granularity=G, max_seqlen_qo=max_seqlen_qo, batch_size=nb,
-        overhead=ovh, payload=payload, cluster_cost=cluster_cost)
+        overhead=ovh, payload=delta + ovh, cluster_cost=cluster_cost, delta=delta)
 
 
 def to_buffers(schedule: Schedule, buffers) -> tuple:
