@@ -6,8 +6,8 @@ Every case: random q / KV, page table a random permutation with spare pages, eve
 element must be written). Tolerances (relative L2 vs float64): bf16 <= 5e-3; fp8 <=
 max(3e-2, 1.25 x the error of the reference with AITER's fp8-rounded P). LSE is checked too.
 
-Every GPU test runs once per sm_90a main loop (``mainloop`` fixture: "mma" and "wgmma", forced
-through ``decode.DEFAULT_MAINLOOP``), so neither kernel path can break unnoticed.
+Every GPU test runs once per sm_90a main loop (``mainloop`` fixture: "mma", "wgmma" and
+"wgmma_ws", forced through ``decode.DEFAULT_MAINLOOP``), so no kernel path can break unnoticed.
 
 A results table (case, rel L2, LSE error, tolerance) is printed at the end of the session.
 """
@@ -231,6 +231,17 @@ def test_variant_selection():
         dec.decode_variant(128, 1, 64, FP8, torch.bfloat16)
     with pytest.raises(NotImplementedError, match="page_size"):
         dec.decode_variant(128, 1, 48, FP8, FP8)
+
+
+def test_launch_grid_x():
+    """wgmma_ws runs both 64-row halves of a 128-row work at once (grid.x = ceil(clusters / 2));
+    every other variant launches one CTA column per cluster."""
+    for loop in dec.MAINLOOPS:
+        for heads, qlen in [(128, 1), (16, 1), (16, 4)]:
+            v = dec.decode_variant(heads, qlen, 64, FP8, FP8, mainloop=loop)
+            for clusters in (1, 7, 132):
+                want = (clusters + 1) // 2 if loop == "wgmma_ws" and v["block_m"] == 128 else clusters
+                assert dec.launch_grid_x(v, clusters) == want
 
 
 def test_public_names():

@@ -65,21 +65,26 @@ SUPPORTED_DTYPES = {torch.float8_e4m3fn: "fp8", torch.bfloat16: "bf16"}
 #: sm_90 CTA may use. The wgmma main loop always runs block_n 64 (unpadded tiles fit).
 BLOCK_N = {"fp8": 64, "bf16": 32}
 
-#: Main loops of the sm_90a kernel: "mma" (mma.sync + ldmatrix) and "wgmma" (warpgroup MMAs on
-#: shared-memory descriptors; fp8 QK runs on the native e4m3 tensor-core path).
-MAINLOOPS = ("mma", "wgmma")
+#: Main loops of the sm_90a kernel: "mma" (mma.sync + ldmatrix), "wgmma" (warpgroup MMAs on
+#: shared-memory descriptors; fp8 QK runs on the native e4m3 tensor-core path) and "wgmma_ws"
+#: (the wgmma maths fed by a producer warp: cp.async into a 3-stage fp8 / 2-stage bf16 KV ring
+#: on mbarriers, so the consumers issue no KV load; for 128-row tiles both 64-row halves of a
+#: work run at the same time, see ``launch_grid_x``).
+MAINLOOPS = ("mma", "wgmma", "wgmma_ws")
 
-#: dtype -> the main loop ``decode_variant`` picks when none is asked for. wgmma for both:
-#: measured on the H200 (decode + reduce, CUDA graph) against mma: fp8 (128,1) b64 ctx 8192
-#: 498 vs 736 us, ctx 3200 219 vs 317 us, (16,1) b128 ctx 8192 467 vs 500 us, b1 ctx 21
-#: 12.6 vs 14.0 us; bf16 (128,1) b64 ctx 8192 672 vs 881 us; all persistent tests pass on both
-#: (fp8 wgmma LSE error <= 6.4e-4 with the chunked fp32 QK sum; docs/perf/notes.md).
-DEFAULT_MAINLOOP = {"fp8": "wgmma", "bf16": "wgmma"}
+#: dtype -> the main loop ``decode_variant`` picks when none is asked for. wgmma_ws for both:
+#: measured on the H200 (decode + reduce, CUDA graph, same run) against wgmma: fp8 (128,1) b64
+#: ctx 8192 443.6 vs 497.2 us, (16,1) b128 ctx 8192 413.6 vs 464.0 us, (64,1) b128 ctx 8192
+#: 432.8 vs 480.9 us, (128,1) b1 ctx 21 12.6 vs 13.1 us; bf16 (128,1) b64 ctx 8192 598.8 vs
+#: 683.1 us, (16,1) b128 ctx 8192 564.8 vs 643.2 us; outputs bit-identical to wgmma; all
+#: persistent tests pass on it (docs/perf/notes.md, issue 6 change 2). wgmma was 1.3-1.5x
+#: faster than mma (change 1).
+DEFAULT_MAINLOOP = {"fp8": "wgmma_ws", "bf16": "wgmma_ws"}
 
 _DEFAULT_SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
 
 _ARGTYPES = [ctypes.c_void_p] * 12 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_void_p]
+                                      ctypes.c_int, ctypes.c_void_p]
 
 try:  # a fraction of a microsecond, against several for torch.cuda.current_stream(i).cuda_stream
     _raw_stream = torch._C._cuda_getCurrentRawStream
@@ -103,7 +108,7 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
     """The ``mla_decode`` template parameters for a problem shape (the JIT variant).
 
     Returns a dict for ``aiter_mla.jit.get_module("mla_decode", **params)``: arch sm_90a,
-    block_m 128 or 64, page_size, block_n (mma: 64 fp8 / 32 bf16; wgmma: 64), mask ``causal``
+    block_m 128 or 64, page_size, block_n (mma: 64 fp8 / 32 bf16; wgmma*: 64), mask ``causal``
     when max_seqlen_q > 1 else ``none``, q_dtype / kv_dtype, mainloop (``mainloop`` if given,
     one of ``MAINLOOPS``, else ``DEFAULT_MAINLOOP[dtype]``).
 
@@ -129,6 +134,24 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
                 block_n=BLOCK_N[dt] if loop == "mma" else 64,
                 mask="causal" if max_seqlen_q > 1 else "none", q_dtype=dt, kv_dtype=dt,
                 mainloop=loop)
+
+
+def launch_grid_x(params: dict, clusters: int) -> int:
+    """grid.x of the decode launch for a variant ``params`` and ``clusters`` work lists.
+
+    The kernel runs grid (grid_x, block_m / 64); CTA x walks clusters x, x + grid_x, ...
+    ``wgmma_ws`` with block_m 128 launches ceil(clusters / 2) so that the two 64-row CTAs of
+    a work run at the same time on the ~num_cu SMs (one CTA fits an SM) and the second reads the
+    KV from L2 (FlashMLA sizes its grid the same way: num_sm_parts = num_sms / m_blocks); with
+    grid_x = clusters the second halves would run as a second wave and read the KV from HBM
+    again. Every other variant launches one CTA column per cluster.
+
+    Args: ``params`` a ``decode_variant`` dict; ``clusters`` >= 1 (``arch.num_clusters``).
+    Returns an int in [1, clusters]. Raises KeyError when ``params`` lacks mainloop / block_m.
+    """
+    if params["mainloop"] == "wgmma_ws" and params["block_m"] == 128:
+        return max(1, (clusters + 1) // 2)
+    return clusters
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +287,8 @@ def _launch(query, kv_buffer, kv_indices, kv_last_page_lens, work_indptr, work_i
 
     rc = fn(ptr(query), ptr(kv_buffer), ptr(kv_indices), ptr(kv_last_page_lens), ptr(work_indptr),
             ptr(work_info_set), ptr(final_output), ptr(final_lse), ptr(split_output), ptr(split_lse),
-            ptr(q_scale), ptr(kv_scale), float(softmax_scale), num_heads, clusters, device.index, stream)
+            ptr(q_scale), ptr(kv_scale), float(softmax_scale), num_heads, clusters,
+            launch_grid_x(params, clusters), device.index, stream)
     if rc != 0:
         err = mod.function("aiter_mla_error_string", [ctypes.c_int], ctypes.c_char_p)(rc)
         raise RuntimeError(f"mla decode launch failed ({params}): CUDA error {rc}: "

@@ -139,9 +139,9 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
                        intra_batch_mode=intra_batch_mode)
     check_int("batch_size", batch_size)
     for name, dtype in (("q_dtype", q_dtype), ("kv_dtype", kv_dtype)):
-        if not isinstance(dtype, torch.dtype):
+        if dtype is not None and not isinstance(dtype, torch.dtype):
             raise TypeError(f"{name} must be a torch.dtype (e.g. torch.float8_e4m3fn or "
-                            f"torch.bfloat16), got {type(dtype).__name__} {dtype!r}")
+                            f"torch.bfloat16) or None, got {type(dtype).__name__} {dtype!r}")
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
     check_scalars(num_heads=num_head_qo, num_clusters=1, page_size=1, kv_granularity=1,

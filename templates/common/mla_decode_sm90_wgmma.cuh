@@ -1,4 +1,6 @@
-// MLA decode on sm_90a: the wgmma main loop (template parameter mainloop = "wgmma").
+// MLA decode on sm_90a: the wgmma main loops (template parameter mainloop = "wgmma", and
+// "wgmma_ws", the same maths fed by a producer warp: produce_kv_tile, the mbarrier helpers and
+// the 3-stage fp8 ring below).
 //
 // Same CTA shape and row ownership as the mma.sync loop (mla_decode_sm90.cuh), so the work
 // loop, masking, online softmax and epilogue there are shared unchanged; only the warp roles
@@ -27,7 +29,9 @@
 namespace mla {
 namespace wg {
 
-template <int BlockN, int PageSize, bool Fp8, bool Causal>
+// Stages: KV tiles in the ring (2 for mainloop wgmma; wgmma_ws runs 3 for fp8, whose tiles are
+// half as large: Q + 3 stages + fp16 V + P + barriers = 223,296 B; bf16 stays at 2).
+template <int BlockN, int PageSize, bool Fp8, bool Causal, int Stages = 2>
 struct MlaDecodeWgmmaConfig {
   static constexpr int BN = BlockN;
   static constexpr int P = PageSize;
@@ -43,7 +47,7 @@ struct MlaDecodeWgmmaConfig {
   static constexpr int kPStride = (BN + 8) * 2;               // P tile, 16-bit, padded (ldmatrix)
   // V as the 16-bit B operand of PV: 8-key groups are kVGroupBytes apart (the LBO).
   static constexpr int kVGroupBytes = Fp8 ? 8 * kVDim * 2 : kGroupBytes;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = Stages;
 
   static constexpr int kQBytes = kRows * kRowBytes;
   static constexpr int kStageBytes = BN * kRowBytes;
@@ -56,9 +60,12 @@ struct MlaDecodeWgmmaConfig {
   static constexpr int kOffV = kOffKv + kStages * kStageBytes;
   static constexpr int kOffP = kOffV + kVBytes;
   static constexpr int kOffRed = kOffP + kPBytes;
-  static constexpr int kSmemBytes = kOffRed + kRedBytes;
+  // wgmma_ws: full[kStages] then empty[kStages] mbarriers (8 bytes each).
+  static constexpr int kOffBar = kOffRed + kRedBytes;
+  static constexpr int kSmemBytes = kOffBar + 2 * kStages * 8;
 
   static_assert(BN == 64, "the wgmma main loop runs block_n 64 (N = 32 keys per warpgroup)");
+  static_assert(Stages >= 2 && Stages <= 3, "2 or 3 KV stages");
   static_assert(P >= 1 && P <= 256 && (P & (P - 1)) == 0, "page_size must be a power of two <= 256");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
   static_assert(kOffKv % 128 == 0 && kOffV % 128 == 0 && kStageBytes % 128 == 0, "core matrices are 128-byte aligned");
@@ -78,9 +85,52 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// Waits until at most N of this thread's cp.async groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 // Generic-proxy writes (cp.async, st.shared) become visible to wgmma (async proxy) after this
 // fence by the writing threads plus a barrier.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// mbarrier (CTA scope). mbar_wait spins on try_wait.parity. Debug builds
+// (-DAITER_MLA_MBAR_SPIN_LIMIT=N, e.g. through AITER_MLA_EXTRA_NVCC_FLAGS) trap after N failed
+// tries, so a phase/parity bug ends the launch with an error instead of hanging the GPU.
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialised barriers visible to the async arrivals of cp.async (with the barrier after).
+__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#ifdef AITER_MLA_MBAR_SPIN_LIMIT
+  uint32_t tries = 0;
+#endif
+  for (;;) {
+    uint32_t done;
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    if (done) return;
+#ifdef AITER_MLA_MBAR_SPIN_LIMIT
+    if (++tries == (uint32_t)(AITER_MLA_MBAR_SPIN_LIMIT)) __trap();
+#endif
+  }
+}
+// Arrives on the mbarrier when all of this thread's earlier cp.async copies have landed; the
+// arrival counts toward the barrier's expected count (.noinc).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Per-thread register budget of the executing warpgroup (all its warps execute it).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+// Barrier of the 256 consumer threads of wgmma_ws (id 7), which the producer warpgroup skips.
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 7, 256;\n" ::: "memory"); }
 // Pins an accumulator register in program order around wgmma issue / wait (CUTLASS
 // warpgroup_fence_operand): no read or write of it is moved across.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
@@ -231,6 +281,61 @@ __device__ __forceinline__ void load_kv_tile(uint8_t* smem, int stage, const uin
     }
     cp_async_16(base + off, src, ok ? 16 : 0);
   }
+}
+
+// 16-byte cp.async at compile-time offsets from two base addresses ([reg+imm] operands), so
+// that the producer keeps one address register per row group instead of one per copy.
+template <int DstOff, int SrcOff>
+__device__ __forceinline__ void cp_async_16_at(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0+%3], [%1+%4], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes),
+               "n"(DstOff), "n"(SrcOff)
+               : "memory");
+}
+
+// One row group g of produce_kv_tile: chunk pairs 2cp + h, cp = Cp .. kPairs/2 - 1.
+template <class C, int G, int Cp>
+__device__ __forceinline__ void produce_group(uint32_t dst, const uint8_t* src, int src_bytes) {
+  if constexpr (Cp < C::kChunksPerRow / 4) {
+    cp_async_16_at<G * C::kGroupBytes + Cp * 512, Cp * 64>(dst, src, src_bytes);
+    produce_group<C, G, Cp + 1>(dst, src, src_bytes);
+  }
+}
+
+template <class C, int G>
+__device__ __forceinline__ void produce_groups(uint32_t dst, const uint8_t* const (&src)[C::BN / 8],
+                                               const bool (&ok)[C::BN / 8]) {
+  if constexpr (G < C::BN / 8) {
+    produce_group<C, G, 0>(dst, src[G], ok[G] ? 16 : 0);
+    produce_groups<C, G + 1>(dst, src, ok);
+  }
+}
+
+// wgmma_ws producer: the 32 lanes of the producer warp load the KV tile of BN virtual tokens
+// from tok0 into stage `stage` (same layout, zero-fill and 64-bit offsets as load_kv_tile).
+// Lane (h, r8, lo) = (lane >> 4, (lane >> 1) & 7, lane & 1) owns row r8 of every 8-row group
+// and chunks 4cp + 2h + lo of it: its 8 page lookups are issued together, then per group and
+// cp one warp instruction fills 64 contiguous bytes of 8 rows (two 32-byte sectors each) and
+// 2 x 256 contiguous bytes of shared memory.
+template <class C>
+__device__ __forceinline__ void produce_kv_tile(uint8_t* smem, int stage, const uint8_t* __restrict__ kv,
+                                                const int* __restrict__ kv_indices, int tok0, int kv_tok_end,
+                                                int lane) {
+  static_assert(C::kChunksPerRow % 4 == 0 && C::BN % 8 == 0, "chunks split into (cp, h, lo)");
+  const int h = lane >> 4, r8 = (lane >> 1) & 7, lo = lane & 1;
+  const uint32_t dst = smem_addr(smem + C::kOffKv + stage * C::kStageBytes) + (2 * h + lo) * 128 + r8 * 16;
+  const uint8_t* src[C::BN / 8];
+  bool ok[C::BN / 8];
+#pragma unroll
+  for (int g = 0; g < C::BN / 8; ++g) {
+    const int v = tok0 + g * 8 + r8;
+    ok[g] = v < kv_tok_end;
+    src[g] = kv;
+    if (ok[g]) {
+      const int64_t page = __ldg(kv_indices + (v >> C::kLog2P));
+      src[g] = kv + ((page << C::kLog2P) + (v & (C::P - 1))) * (int64_t)C::kRowBytes + (2 * h + lo) * 16;
+    }
+  }
+  produce_groups<C, 0>(dst, src, ok);
 }
 
 // fp8 KV: warpgroup `half` converts V columns [half*256, half*256 + 256) of the tile to fp16
