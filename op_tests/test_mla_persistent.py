@@ -657,3 +657,20 @@ def test_other_device(warm, mainloop):
                                       return_lse=True)
     torch.cuda.synchronize(1)
     check("cuda:1 while cuda:0 is current", c, o, lse)
+
+
+def test_cpu_tensors_get_a_clear_error(monkeypatch):
+    """A user passing CPU tensors gets 'must be a CUDA tensor', not a torch-internal error from
+    the capture-state query or from planning on the CPU (new-user report)."""
+    monkeypatch.setenv("CU_NUM", "132")
+    q = torch.randn(2, 16, 576).to(torch.bfloat16)
+    kv = torch.randn(4, 16, 1, 576).to(torch.bfloat16)
+    o = torch.empty(2, 16, 512, dtype=torch.bfloat16)
+    qo = torch.tensor([0, 1, 2], dtype=torch.int32)
+    kvi = torch.tensor([0, 2, 4], dtype=torch.int32)
+    idx = torch.arange(4, dtype=torch.int32)
+    last = torch.tensor([16, 16], dtype=torch.int32)
+    with pytest.raises(ValueError, match="q must be a CUDA tensor, got one on cpu"):
+        aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last, 1, page_size=16)
+    with pytest.raises(ValueError, match="query must be a CUDA tensor, got one on cpu"):
+        aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, qo, 1, 0.1, o, o, o)

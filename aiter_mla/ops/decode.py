@@ -18,7 +18,9 @@ online softmax; P is rounded to fp16 (fp8 KV, whose V converts to fp16 exactly) 
 KV) before P.V, which is more accurate than AITER's fp8 P; output = (P.V) x kv_scale / l in
 bf16; LSE natural log. Measured on the H200: relative L2 vs float64 about 1.7e-3 (fp8) and
 2.0e-3 (bf16). On sm_90a ``mma.sync`` e4m3 is lowered by ptxas to fp8->fp16 unpacks plus two
-HMMA.16816 (no native fp8 mma.sync); the fp8 tensor-core path there is wgmma (a later issue).
+HMMA.16816 (no native fp8 mma.sync); the default main loop is therefore wgmma ("wgmma_ws":
+fp8 QGMMA for QK with fp32 promotion every 3 k-steps, fp16/bf16 HGMMA for PV, a producer warp
+feeding a 3-stage mbarrier pipeline); see docs/perf/notes.md.
 
 Eager input checks are skipped while a CUDA graph is being captured and under torch.compile.
 Index *values* (qo_indptr, kv_indptr, kv_indices, kv_last_page_lens) live on the device, so
@@ -156,6 +158,14 @@ def launch_grid_x(params: dict, clusters: int) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # checks
+
+
+def _require_cuda(name: str, t) -> None:
+    """The first check of an op: everything after it (capture state, planning) needs CUDA."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_cuda:
+        raise ValueError(f"{name} must be a CUDA tensor, got one on {t.device}")
 
 
 def _capturing(device: torch.device) -> bool:
@@ -412,7 +422,8 @@ def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, k
     sections 6.1-6.6, plus the fixes of spec 3.5 / 5.6 and honoured scales.
     """
     if not torch.compiler.is_compiling():
-        if not _capturing(query.device if isinstance(query, torch.Tensor) else torch.device("cpu")):
+        _require_cuda("query", query)
+        if not _capturing(query.device):
             _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
                       work_indptr, work_info_set, max_seqlen_q, split_output, split_lse,
                       final_output, q_scale, kv_scale, final_lse)
@@ -476,6 +487,7 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     if nhead_kv != 1 or kv_buffer.shape[2] != 1:
         raise NotImplementedError(f"nhead_kv must be 1 (MLA has one latent KV head), got nhead_kv={nhead_kv}, "
                                   f"kv_buffer.shape[2]={kv_buffer.shape[2]}")
+    _require_cuda("q", q)
     if int(page_size) != int(kv_buffer.shape[1]):
         raise ValueError(f"page_size={page_size} does not match kv_buffer.shape[1]={kv_buffer.shape[1]}")
     total_q, num_heads = int(q.shape[0]), int(q.shape[1])
