@@ -172,6 +172,17 @@ def _attend(qb: torch.Tensor, kv: torch.Tensor, key_pos: torch.Tensor, limit: to
 # public references
 
 
+def _check_sm_scale(sm_scale) -> None:
+    import math
+    import numbers
+
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
+        raise TypeError(f"sm_scale must be a float (e.g. 1/sqrt(576)), got "
+                        f"{type(sm_scale).__name__} {sm_scale!r}")
+    if not math.isfinite(sm_scale):
+        raise ValueError(f"sm_scale must be a finite number, got {sm_scale!r}")
+
+
 def mla_decode_ref(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, *,
                    sm_scale, q_scale=None, kv_scale=None, fp8_p=False):
     """Causal MLA decode attention in float64 (the golden reference).
@@ -196,11 +207,13 @@ def mla_decode_ref(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_
         causal row before the first key): out 0, lse +inf. q rows outside qo_indptr[-1]: NaN.
 
     Raises:
-        ValueError / TypeError naming the argument for bad shapes, dtypes or index values.
+        ValueError / TypeError naming the argument for bad shapes, dtypes or index values, or
+        a ``sm_scale`` that is not a finite number.
 
     Source: AITER ``op_tests/test_mla_persistent.py`` ``torch_mla_extend`` /
     ``ref_masked_attention`` (mask ``tril(diagonal=s_k - s_q)``, fp8 P), with real scales.
     """
+    _check_sm_scale(sm_scale)
     pb = _Problem(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
                   q_scale, kv_scale)
     H = pb.num_heads

@@ -131,3 +131,12 @@ def test_readme_has_two_setup_commands_and_ci_runs_the_test_one():
     ci = (repo / ".ci" / "run").read_text()
     assert "\npython3 -m pytest -q op_tests\n" in ci
     assert ci.index("torch==2.13.0") < ci.index("install -q -e '.[test]'")
+
+
+def test_param_given_twice_is_an_error(capsys):
+    from aiter_mla.cli import main
+
+    rc = main(["jit", "render", "convert_fp8", "--param", "arch=sm_90a", "--param",
+               "arch=gfx942", "--param", "out_dtype=bf16"])
+    assert rc != 0
+    assert "--param arch given twice" in capsys.readouterr().err

@@ -310,3 +310,10 @@ def test_relative_l2():
     assert ref.relative_l2(torch.ones(2), torch.zeros(2)) == math.inf
     with pytest.raises(ValueError):
         ref.relative_l2(torch.zeros(2), torch.zeros(3))
+
+
+@pytest.mark.parametrize("bad,exc", [(None, TypeError), (float("nan"), ValueError),
+                                     (float("inf"), ValueError), ("0.1", TypeError)])
+def test_bad_sm_scale_is_a_clear_error(bad, exc):
+    with pytest.raises(exc, match="sm_scale must be"):
+        ref.mla_decode_ref(None, None, None, None, None, None, sm_scale=bad)

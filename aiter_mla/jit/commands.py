@@ -94,7 +94,10 @@ def _parse_params(items: list[str]) -> dict[str, str]:
         k, sep, v = item.partition("=")
         if not sep or not k:
             raise ParamError(f"--param {item!r}: expected NAME=VALUE")
-        out[k.strip()] = v.strip()
+        k = k.strip()
+        if k in out:
+            raise ParamError(f"--param {k} given twice ({k}={out[k]} and {k}={v.strip()})")
+        out[k] = v.strip()
     return out
 
 
@@ -250,6 +253,8 @@ def cmd_clear(args) -> int:
     cache = core._get_state().cache
     if args.module:
         load_config().module(args.module)  # unknown names are an error
+    if cache.root.exists():
+        cache.ensure_writable()  # a read-only root: one clear message, not a raw errno
     removed, skipped, freed = 0, [], 0
     for e in cache.entries():
         meta = e["meta"] or {}
@@ -275,6 +280,8 @@ def cmd_clear(args) -> int:
 
 def cmd_gc(args) -> int:
     cache = core._get_state().cache
+    if cache.root.exists():
+        cache.ensure_writable()
     report = cache.gc(args.max_bytes)
     print(f"removed {len(report['removed'])} entries ({report['freed_bytes']} bytes); "
           f"{report['remaining_bytes']} bytes of entries remain in {cache.root}")
