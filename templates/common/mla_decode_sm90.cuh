@@ -205,6 +205,19 @@ __device__ __forceinline__ void load_kv_tile(uint8_t* smem, int stage, const uin
   }
 }
 
+// 16 e4m3 values (one 16-byte chunk) -> 16 fp16 values, exactly (every e4m3 is an fp16).
+// Shared by the main loops' V conversions (V feeds an fp16 P.V product).
+__device__ __forceinline__ void e4m3x16_to_f16x16(const uint4 x, uint32_t (&h)[8]) {
+  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[j] & 0xffffu), __NV_E4M3);
+    __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[j] >> 16), __NV_E4M3);
+    h[2 * j] = static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16);
+    h[2 * j + 1] = static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16);
+  }
+}
+
 // fp8 KV: the tile's first 512 columns as fp16 (exact), the B operand of PV.
 template <class C>
 __device__ __forceinline__ void convert_v_tile(uint8_t* smem, int stage) {
@@ -216,15 +229,8 @@ __device__ __forceinline__ void convert_v_tile(uint8_t* smem, int stage) {
     for (int i = threadIdx.x; i < C::BN * kChunks; i += kThreads) {
       const int r = i / kChunks, ch = i % kChunks;
       const uint4 x = *reinterpret_cast<const uint4*>(src + r * C::kKvStride + ch * 16);
-      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
       uint32_t h[8];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[j] & 0xffffu), __NV_E4M3);
-        __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[j] >> 16), __NV_E4M3);
-        h[2 * j] = static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16);
-        h[2 * j + 1] = static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16);
-      }
+      e4m3x16_to_f16x16(x, h);
       uint4* d = reinterpret_cast<uint4*>(dst + r * C::kVStride + ch * 32);
       d[0] = make_uint4(h[0], h[1], h[2], h[3]);
       d[1] = make_uint4(h[4], h[5], h[6], h[7]);

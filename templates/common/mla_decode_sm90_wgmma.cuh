@@ -349,15 +349,8 @@ __device__ __forceinline__ void convert_v_half(uint8_t* smem, int stage, int hal
       const int i = tid + it * 128;
       const int r8 = i & 7, c = half * 16 + ((i >> 3) & 15), g = i >> 7;
       const uint4 x = *reinterpret_cast<const uint4*>(src + g * C::kGroupBytes + c * 128 + r8 * 16);
-      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
       uint32_t h[8];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[j] & 0xffffu), __NV_E4M3);
-        __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[j] >> 16), __NV_E4M3);
-        h[2 * j] = static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16);
-        h[2 * j + 1] = static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16);
-      }
+      e4m3x16_to_f16x16(x, h);
       // fp8 columns 16c..16c+15 are fp16 core-matrix columns 2c and 2c+1
       uint8_t* d = dst + g * C::kVGroupBytes + (2 * c) * 128 + r8 * 16;
       *reinterpret_cast<uint4*>(d) = make_uint4(h[0], h[1], h[2], h[3]);
