@@ -263,7 +263,7 @@ def run_compiler(command: list[str], cwd: Path, log_path: Path) -> tuple[int, st
         # scheduler or `timeout`) takes nvcc's children (cicc, ptxas) down with it.
         proc = subprocess.Popen(command, cwd=str(cwd), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env=env.child_environ(),
-                                start_new_session=True, preexec_fn=_die_with_parent)
+                                start_new_session=True)
     except OSError as exc:
         rc, out = 127, f"could not start {command[0]}: {exc}"
     else:
@@ -302,17 +302,6 @@ def interruptible(pool):
         pool.shutdown(wait=False, cancel_futures=True)
         kill_running_builds()
         raise
-
-
-def _die_with_parent() -> None:
-    """In the compiler's child process: ask Linux to SIGKILL it when we die (even by SIGKILL),
-    so a killed build leaves no compiler writing into a staging folder. Best effort."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-    except (OSError, AttributeError):
-        pass
 
 
 def _kill_group(proc) -> None:
