@@ -140,3 +140,17 @@ def test_param_given_twice_is_an_error(capsys):
                "arch=gfx942", "--param", "out_dtype=bf16"])
     assert rc != 0
     assert "--param arch given twice" in capsys.readouterr().err
+
+
+def test_list_shows_a_corrupt_default_entry_once(fake_jit, capsys):
+    """A damaged entry is one row marked corrupt, not a 'missing' default plus a 'cached' extra
+    (new-user report)."""
+    assert main(["jit", "build", "fake", "--param", "n=1", "--param", "flavor=a",
+                 "--param", "arch=sm_90a"]) == 0
+    capsys.readouterr()
+    (lib,) = (fake_jit.root / "entries").glob("*/lib.so")
+    lib.write_bytes(lib.read_bytes()[:10])
+    assert main(["jit", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "[corrupt] default fake(arch=sm_90a, flavor=a, n=1)" in out
+    assert "extra   fake(arch=sm_90a, flavor=a, n=1)" not in out

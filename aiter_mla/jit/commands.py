@@ -186,7 +186,8 @@ def cmd_render(args) -> int:
 
 
 def _cache_status(name: str, params: dict) -> tuple[str, str]:
-    """('cached'|'missing'|'unknown', key or reason)."""
+    """('cached'|'corrupt'|'missing'|'unknown', key or reason). A corrupt entry is moved
+    aside and rebuilt by the next build or load of the variant."""
     try:
         key, _ = core.variant_key(name, **params)
     except ToolchainError as exc:
@@ -194,11 +195,14 @@ def _cache_status(name: str, params: dict) -> tuple[str, str]:
     except Exception as exc:
         return "unknown", str(exc)
     st = core._get_state()
+    status = "missing"
     for cache in st.caches:
         got = cache.read_entry(key, params["arch"])
-        if got is not None and not isinstance(got, core.Corrupt):
+        if isinstance(got, core.Corrupt):
+            status = "corrupt"
+        elif got is not None:
             return "cached", key
-    return "missing", key
+    return status, key
 
 
 def cmd_list(args) -> int:
@@ -212,7 +216,7 @@ def cmd_list(args) -> int:
                "params": {k: list(v) for k, v in m.params.items()}, "variants": []}
         for v in m.default_variants:
             status, detail = _cache_status(name, v)
-            if status == "cached":
+            if len(detail) == 64:  # a key: its entry is this row, not an "extra" one
                 listed.add(detail)
             mod["variants"].append({"params": v, "default": True, "status": status,
                                     "key": detail if len(detail) == 64 else None,
