@@ -97,26 +97,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-// Tensor-core MMAs, fp32 accumulate in place. The A/B fragment byte layouts of k32 e4m3 and
-// k16 16-bit are identical (4 bytes per register at the same row/column), so one set of
-// ldmatrix addressing serves both QK dtypes.
-template <bool Fp8>
-__device__ __forceinline__ void mma_qk(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (Fp8) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
+// Tensor-core MMAs, fp32 accumulate in place.
 // PV in 16 bits: fp16 for fp8 KV (V exact, P with 10 mantissa bits: more accurate than
 // AITER's fp8 P), bf16 for bf16 KV (V is bf16 already).
 template <bool F16>
@@ -133,6 +114,21 @@ __device__ __forceinline__ void mma_pv(float (&d)[4], const uint32_t (&a)[4], ui
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// QK: the A/B fragment byte layouts of k32 e4m3 and k16 16-bit are identical (4 bytes per
+// register at the same row/column), so one set of ldmatrix addressing serves both dtypes.
+template <bool Fp8>
+__device__ __forceinline__ void mma_qk(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (Fp8) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    mma_pv<false>(d, a, b0, b1);  // bf16 QK is the same m16n8k16 bf16 MMA as bf16 PV
   }
 }
 
