@@ -50,7 +50,9 @@ def _all_variants():
     for loop in dec.MAINLOOPS:
         for heads, qlen in SHAPES:
             for p in PAGE_SIZES:
-                for dt in DTYPES.values():
+                for name, dt in DTYPES.items():
+                    if name not in dec.MAINLOOP_DTYPES[loop]:
+                        continue
                     v = dec.decode_variant(heads, qlen, p, dt, dt, mainloop=loop)
                     if v not in out:
                         out.append(v)
@@ -59,9 +61,14 @@ def _all_variants():
 
 @pytest.fixture(params=dec.MAINLOOPS)
 def mainloop(request, monkeypatch):
-    """Runs the test with every op call on the given sm_90a main loop."""
+    """Runs the test with every op call on the given sm_90a main loop (for the dtypes it has a
+    kernel for; a test parametrized on another dtype is skipped)."""
+    dtype = getattr(request.node, "callspec", None) and request.node.callspec.params.get("dtype")
+    if dtype is not None and dtype not in dec.MAINLOOP_DTYPES[request.param]:
+        pytest.skip(f"mainloop {request.param} has no {dtype} kernel")
     for dt in DTYPES:
-        monkeypatch.setitem(dec.DEFAULT_MAINLOOP, dt, request.param)
+        if dt in dec.MAINLOOP_DTYPES[request.param]:
+            monkeypatch.setitem(dec.DEFAULT_MAINLOOP, dt, request.param)
     _LOOP["name"] = request.param
     yield request.param
     _LOOP["name"] = "default"
@@ -216,6 +223,10 @@ def test_variant_selection():
     assert v == dict(arch="sm_90a", block_m=128, page_size=64, block_n=64, mask="none",
                      q_dtype="fp8", kv_dtype="fp8", mainloop=dec.DEFAULT_MAINLOOP["fp8"])
     for loop in dec.MAINLOOPS:
+        if "bf16" not in dec.MAINLOOP_DTYPES[loop]:
+            with pytest.raises(ValueError, match=f"mainloop '{loop}' has kernels for kv dtypes"):
+                dec.decode_variant(16, 4, 16, torch.bfloat16, torch.bfloat16, mainloop=loop)
+            continue
         w = dec.decode_variant(16, 4, 16, torch.bfloat16, torch.bfloat16, mainloop=loop)
         assert w["mainloop"] == loop and w["mask"] == "causal"
         assert w["block_n"] == (32 if loop == "mma" else 64)   # wgmma's unpadded bf16 tiles fit block_n 64
@@ -234,13 +245,14 @@ def test_variant_selection():
 
 
 def test_launch_grid_x():
-    """wgmma_ws runs both 64-row halves of a 128-row work at once (grid.x = ceil(clusters / 2));
+    """wgmma_ws / wgmma_ovl run both 64-row halves of a 128-row work at once (grid.x = ceil(clusters / 2));
     every other variant launches one CTA column per cluster."""
     for loop in dec.MAINLOOPS:
         for heads, qlen in [(128, 1), (16, 1), (16, 4)]:
             v = dec.decode_variant(heads, qlen, 64, FP8, FP8, mainloop=loop)
             for clusters in (1, 7, 132):
-                want = (clusters + 1) // 2 if loop == "wgmma_ws" and v["block_m"] == 128 else clusters
+                paired = loop in ("wgmma_ws", "wgmma_ovl") and v["block_m"] == 128
+                want = (clusters + 1) // 2 if paired else clusters
                 assert dec.launch_grid_x(v, clusters) == want
 
 

@@ -71,8 +71,14 @@ BLOCK_N = {"fp8": 64, "bf16": 32}
 #: shared-memory descriptors; fp8 QK runs on the native e4m3 tensor-core path) and "wgmma_ws"
 #: (the wgmma maths fed by a producer warp: cp.async into a 3-stage fp8 / 2-stage bf16 KV ring
 #: on mbarriers, so the consumers issue no KV load; for 128-row tiles both 64-row halves of a
-#: work run at the same time, see ``launch_grid_x``).
-MAINLOOPS = ("mma", "wgmma", "wgmma_ws")
+#: work run at the same time, see ``launch_grid_x``) and "wgmma_ovl" (fp8 only: wgmma_ws's
+#: roles with softmax(t) overlapping PV(t-1), PV in e4m3 with P rounded to fp8 as AITER does,
+#: on a V^T tile the spare producer warps transpose).
+MAINLOOPS = ("mma", "wgmma", "wgmma_ws", "wgmma_ovl")
+
+#: Main loop -> the kv dtypes it has a kernel for.
+MAINLOOP_DTYPES = {"mma": ("fp8", "bf16"), "wgmma": ("fp8", "bf16"), "wgmma_ws": ("fp8", "bf16"),
+                   "wgmma_ovl": ("fp8",)}
 
 #: dtype -> the main loop ``decode_variant`` picks when none is asked for. wgmma_ws for both:
 #: measured on the H200 (decode + reduce, CUDA graph, same run) against wgmma: fp8 (128,1) b64
@@ -115,7 +121,8 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
     one of ``MAINLOOPS``, else ``DEFAULT_MAINLOOP[dtype]``).
 
     Raises NotImplementedError (listing what is supported) for any other shape or dtype pair,
-    ValueError for an unknown ``mainloop``.
+    ValueError for an unknown ``mainloop`` or one without a kernel for the dtype
+    (``MAINLOOP_DTYPES``).
     """
     key = (int(num_heads), int(max_seqlen_q))
     if key not in SUPPORTED_SHAPES:
@@ -132,6 +139,9 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
     loop = DEFAULT_MAINLOOP[dt] if mainloop is None else mainloop
     if loop not in MAINLOOPS:
         raise ValueError(f"mainloop must be one of {MAINLOOPS}, got {mainloop!r}")
+    if dt not in MAINLOOP_DTYPES[loop]:
+        raise ValueError(f"mainloop {loop!r} has kernels for kv dtypes {MAINLOOP_DTYPES[loop]}, "
+                         f"got {dt}")
     return dict(arch="sm_90a", block_m=SUPPORTED_SHAPES[key], page_size=int(page_size),
                 block_n=BLOCK_N[dt] if loop == "mma" else 64,
                 mask="causal" if max_seqlen_q > 1 else "none", q_dtype=dt, kv_dtype=dt,
@@ -142,7 +152,7 @@ def launch_grid_x(params: dict, clusters: int) -> int:
     """grid.x of the decode launch for a variant ``params`` and ``clusters`` work lists.
 
     The kernel runs grid (grid_x, block_m / 64); CTA x walks clusters x, x + grid_x, ...
-    ``wgmma_ws`` with block_m 128 launches ceil(clusters / 2) so that the two 64-row CTAs of
+    ``wgmma_ws`` / ``wgmma_ovl`` with block_m 128 launch ceil(clusters / 2) so that the two 64-row CTAs of
     a work run at the same time on the ~num_cu SMs (one CTA fits an SM) and the second reads the
     KV from L2 (FlashMLA sizes its grid the same way: num_sm_parts = num_sms / m_blocks); with
     grid_x = clusters the second halves would run as a second wave and read the KV from HBM
@@ -151,7 +161,7 @@ def launch_grid_x(params: dict, clusters: int) -> int:
     Args: ``params`` a ``decode_variant`` dict; ``clusters`` >= 1 (``arch.num_clusters``).
     Returns an int in [1, clusters]. Raises KeyError when ``params`` lacks mainloop / block_m.
     """
-    if params["mainloop"] == "wgmma_ws" and params["block_m"] == 128:
+    if params["mainloop"] in ("wgmma_ws", "wgmma_ovl") and params["block_m"] == 128:
         return max(1, (clusters + 1) // 2)
     return clusters
 

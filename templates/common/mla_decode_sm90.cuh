@@ -259,14 +259,15 @@ __device__ __forceinline__ void qk_mma(float (&s)[C::kSTiles][4], const uint8_t*
   }
 }
 
-// Online softmax for one tile (exp2 domain). Scales the scores, masks keys at or beyond each
-// row's key_end to -inf, agrees the new row max with the partner warp, rescales O and l, and
-// writes this warp's half of P (16-bit) to shared memory. A row whose max is still -inf uses 0
-// as reference, so p = 0 and the rescale factor is 0 (no NaN from -inf - -inf).
+// The max half of the online softmax for one tile (exp2 domain): scales the scores, masks keys at
+// or beyond each row's key_end to -inf, agrees the new row max with the partner warp (through
+// shared memory, one pair barrier), and returns the factor O and l must be multiplied by
+// (scale_o) and the reference each p = exp2(s - m_ref) uses. A row whose max is still -inf uses
+// 0 as reference, so p = 0 and the factor is 0 (no NaN from -inf - -inf).
 template <class C>
-__device__ __forceinline__ void softmax_update(float (&s)[C::kSTiles][4], float (&o)[C::kOTiles][4],
-                                               RowState& st, uint8_t* smem, int tok0, float scale_log2,
-                                               int group, int half, int lane) {
+__device__ __forceinline__ void softmax_row_max(float (&s)[C::kSTiles][4], RowState& st, float (&scale_o)[2],
+                                                float (&m_ref)[2], uint8_t* smem, int tok0, float scale_log2,
+                                                int group, int half, int lane) {
   float* red_max = reinterpret_cast<float*>(smem + C::kOffRed);   // [2][64]
   const int r0 = group * 16 + (lane >> 2);
   const int kbase = tok0 + half * (C::BN / 2) + (lane & 3) * 2;
@@ -292,16 +293,25 @@ __device__ __forceinline__ void softmax_update(float (&s)[C::kSTiles][4], float 
     red_max[half * kRows + r0 + 8] = mx[1];
   }
   pair_sync(group);
-  float scale_o[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float other = red_max[(half ^ 1) * kRows + r0 + 8 * h];
     const float m_new = fmaxf(st.m[h], fmaxf(mx[h], other));
-    const float m_ref = m_new == -INFINITY ? 0.f : m_new;
-    scale_o[h] = exp2f(st.m[h] - m_ref);
+    m_ref[h] = m_new == -INFINITY ? 0.f : m_new;
+    scale_o[h] = exp2f(st.m[h] - m_ref[h]);
     st.m[h] = m_new;
-    mx[h] = m_ref;
   }
+}
+
+// Online softmax for one tile: softmax_row_max, then rescales O and l and writes this warp's
+// half of P (16-bit) to shared memory.
+template <class C>
+__device__ __forceinline__ void softmax_update(float (&s)[C::kSTiles][4], float (&o)[C::kOTiles][4],
+                                               RowState& st, uint8_t* smem, int tok0, float scale_log2,
+                                               int group, int half, int lane) {
+  const int r0 = group * 16 + (lane >> 2);
+  float scale_o[2], mx[2];
+  softmax_row_max<C>(s, st, scale_o, mx, smem, tok0, scale_log2, group, half, lane);
   float sum[2] = {0.f, 0.f};
   uint8_t* p_tile = smem + C::kOffP;
 #pragma unroll

@@ -167,7 +167,8 @@ __device__ __forceinline__ void wgmma_qk(float (&s)[4][4], uint64_t da, uint64_t
   }
 }
 
-// The 128 accumulator operands of an m64n256 wgmma, written once for both input types.
+// The 128 accumulator operands of an m64n256 wgmma, written once for every input type (also
+// used by the overlapped loop's e4m3 PV, mla_decode_sm90_ovl.cuh).
 #define AITER_MLA_PV_ACC_REGS \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -227,8 +228,6 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[32][4], const uint32_t (&a)[
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
   }
 }
-#undef AITER_MLA_PV_ACC_OUTS
-#undef AITER_MLA_PV_ACC_REGS
 
 // ---- global -> shared loads (interleaved layout) ----------------------------------------------
 // Chunk (row r, 16-byte column ch) goes to (r/8)*kGroupBytes + ch*128 + (r%8)*16. Thread i
