@@ -259,6 +259,18 @@ __device__ __forceinline__ void qk_mma(float (&s)[C::kSTiles][4], const uint8_t*
   }
 }
 
+// O's two rows per thread times their factors.
+template <class C>
+__device__ __forceinline__ void scale_rows(float (&o)[C::kOTiles][4], const float (&scale_o)[2]) {
+#pragma unroll
+  for (int j = 0; j < C::kOTiles; ++j) {
+    o[j][0] *= scale_o[0];
+    o[j][1] *= scale_o[0];
+    o[j][2] *= scale_o[1];
+    o[j][3] *= scale_o[1];
+  }
+}
+
 // The max half of the online softmax for one tile (exp2 domain): scales the scores, masks keys at
 // or beyond each row's key_end to -inf, agrees the new row max with the partner warp (through
 // shared memory, one pair barrier), and returns the factor O and l must be multiplied by
@@ -326,13 +338,7 @@ __device__ __forceinline__ void softmax_update(float (&s)[C::kSTiles][4], float 
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * scale_o[h] + sum[h];
-#pragma unroll
-  for (int j = 0; j < C::kOTiles; ++j) {
-    o[j][0] *= scale_o[0];
-    o[j][1] *= scale_o[0];
-    o[j][2] *= scale_o[1];
-    o[j][3] *= scale_o[1];
-  }
+  scale_rows<C>(o, scale_o);
 }
 
 // O[16 rows x 256 cols of half c] += P[16 x BN] . V[BN x 256].

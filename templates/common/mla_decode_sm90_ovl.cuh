@@ -144,15 +144,7 @@ __device__ __forceinline__ void softmax_p(float (&s)[C::kSTiles][4], RowState& s
 // (the running max did not change), which is exact.
 template <class C>
 __device__ __forceinline__ void rescale_o(float (&o)[C::kOTiles][4], const float (&scale_o)[2]) {
-  if (__any_sync(0xffffffffu, scale_o[0] != 1.f || scale_o[1] != 1.f)) {
-#pragma unroll
-    for (int j = 0; j < C::kOTiles; ++j) {
-      o[j][0] *= scale_o[0];
-      o[j][1] *= scale_o[0];
-      o[j][2] *= scale_o[1];
-      o[j][3] *= scale_o[1];
-    }
-  }
+  if (__any_sync(0xffffffffu, scale_o[0] != 1.f || scale_o[1] != 1.f)) scale_rows<C>(o, scale_o);
 }
 
 // P A-fragments of this warp's 16 rows, one per 32-key step (k32 e4m3 layout = ldmatrix b16).
