@@ -91,7 +91,8 @@ DEFAULT_MAINLOOP = {"fp8": "wgmma_ws", "bf16": "wgmma_ws"}
 
 _DEFAULT_SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
 
-_ARGTYPES = [ctypes.c_void_p] * 12 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+# q, kv, kv_rows, then 10 more pointers (see aiter_mla_decode in templates/mla_decode.cu.j2).
+_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong] + [ctypes.c_void_p] * 10 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_int, ctypes.c_void_p]
 
 try:  # a fraction of a microsecond, against several for torch.cuda.current_stream(i).cuda_stream
@@ -305,7 +306,8 @@ def _launch(query, kv_buffer, kv_indices, kv_last_page_lens, work_indptr, work_i
     def ptr(t):
         return None if t is None else t.data_ptr()
 
-    rc = fn(ptr(query), ptr(kv_buffer), ptr(kv_indices), ptr(kv_last_page_lens), ptr(work_indptr),
+    kv_rows = int(kv_buffer.shape[0]) * int(kv_buffer.shape[1])
+    rc = fn(ptr(query), ptr(kv_buffer), kv_rows, ptr(kv_indices), ptr(kv_last_page_lens), ptr(work_indptr),
             ptr(work_info_set), ptr(final_output), ptr(final_lse), ptr(split_output), ptr(split_lse),
             ptr(q_scale), ptr(kv_scale), float(softmax_scale), num_heads, clusters,
             launch_grid_x(params, clusters), device.index, stream)
@@ -356,6 +358,9 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
     if kv_buffer.shape[2] != 1 or kv_buffer.shape[3] != QK_HEAD_DIM:
         raise ValueError(f"kv_buffer must be [num_pages, page_size, 1, {QK_HEAD_DIM}] (one KV head), "
                          f"got {tuple(kv_buffer.shape)}")
+    if kv_buffer.data_ptr() % 16:
+        raise ValueError(f"kv_buffer must start at a 16-byte aligned address (its rows are read in "
+                         f"16-byte units), got data_ptr() % 16 = {kv_buffer.data_ptr() % 16}")
     page_size = int(kv_buffer.shape[1])
     decode_variant(num_heads, int(max_seqlen_q), page_size, query.dtype, kv_buffer.dtype)
     _check_tensor(final_output, "final_output", torch.bfloat16, device, dim=3)

@@ -40,6 +40,12 @@ struct MlaDecodeOvlConfig {
   static constexpr int kSTiles = BN / 16;                     // n8 tiles of S per thread (N = BN/2)
   static constexpr int kOTiles = kVDim / 2 / 8;               // n8 tiles of O per thread (N = 256)
   static constexpr int kStages = 3;                           // KV ring
+  // page_size >= 8: KV stages are loaded by TMA in the 64-byte-swizzled layout (9 column blocks
+  // of BN rows x 64 B; a box is kTmaRows rows x 64 B, at most one page); smaller pages keep
+  // cp.async and the interleaved layout (a TMA box never spans two pages).
+  static constexpr bool kSw64 = P >= 8;
+  static constexpr int kTmaRows = P < BN ? P : BN;
+  static constexpr int kTmaBoxBytes = kTmaRows * 64;
   static constexpr int kPStride = BN + 16;                    // fp8 P row: 80 B, ldmatrix conflict-free
   // V^T: 64 column groups of 8 columns x BN key positions (K-major core matrices, LBO 128 B).
   // The group stride is 16 B more than BN * 8 so that the transposers' 4-byte stores of one
@@ -88,20 +94,103 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
+// ---- TMA (page_size >= 8) -------------------------------------------------------------------
+// Byte offset of (row, 16-byte chunk) in a 64-byte-swizzled stage: column block chunk / 4, row
+// row * 64, and the chunk's position within the 64-byte row XOR (row / 2) % 4 (TMA SWIZZLE_64B
+// = wgmma's 64-byte swizzle; both act on address bits, and every block is 512-byte aligned).
+// Adds tx bytes to the barrier's expected count and arrives once (the barrier's one arrival).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// One box (kTmaRows rows from pool row `row`, bytes col .. col+63) into dst, completing its bytes
+// on bar. map: see the kernel's kv_map.
+__device__ __forceinline__ void tma_load_box(uint32_t dst, const void* map, int col, int row, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(map), "r"(col), "r"(row), "r"(bar)
+      : "memory");
+}
+
+// The producer warp's TMA copies of the tile of BN virtual tokens from tok0 into the stage at
+// stage_addr: 9 column blocks x the pages holding a token before kv_tok_end (pages past it are
+// not looked up: their kv_indices entry may not exist), spread over the 32 lanes. The page
+// lookups run before the wait for the stage to be free; lane 0 posts the byte count.
+template <class C>
+__device__ __forceinline__ void produce_kv_tile_tma(uint32_t stage_addr, uint32_t bar_full, uint32_t bar_empty,
+                                                    uint32_t empty_parity, const void* map,
+                                                    const int* __restrict__ kv_indices, int tok0, int kv_tok_end,
+                                                    int lane) {
+  constexpr int kBlocks = kQkDim / 64;                        // 64-byte column blocks
+  constexpr int kMaxBoxes = (C::BN / C::kTmaRows) * kBlocks;  // <= 72
+  const int pages = (min(C::BN, kv_tok_end - tok0) + C::kTmaRows - 1) / C::kTmaRows;
+  const int boxes = pages * kBlocks;
+  int row[(kMaxBoxes + 31) / 32];
+#pragma unroll
+  for (int i = 0; i < (kMaxBoxes + 31) / 32; ++i) {
+    const int b = lane + 32 * i;
+    row[i] = 0;
+    if (b < boxes) {
+      const int v = tok0 + (b / kBlocks) * C::kTmaRows;
+      const int64_t page = __ldg(kv_indices + (v >> C::kLog2P));
+      row[i] = static_cast<int>((page << C::kLog2P) + (v & (C::P - 1)));
+    }
+  }
+  wg::mbar_wait(bar_empty, empty_parity);
+  if (lane == 0) mbar_arrive_expect_tx(bar_full, boxes * C::kTmaBoxBytes);
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < (kMaxBoxes + 31) / 32; ++i) {
+    const int b = lane + 32 * i;
+    if (b < boxes) {
+      const int blk = b % kBlocks, pg = b / kBlocks;
+      tma_load_box(stage_addr + blk * (C::BN * 64) + pg * C::kTmaBoxBytes, map, blk * 64, row[i], bar_full);
+    }
+  }
+}
+
 // One transposer warp's share of V^T for the tile in `stage`: 64 units (16-key block G x 32
 // columns), unit u by warp u % 3. Per unit one ldmatrix.x4.trans reads four 8 x 16-byte core
 // matrices (keys 16G.. / 16G+8.. x chunks 2c, 2c+1) and four 4-byte stores write the columns.
+// Keys at or past `valid` (the tile's tail: not loaded, or rows past the work's end that a TMA
+// group copy brought along, possibly NaN) are written as 0, so that P = 0 never meets them.
 template <class C>
-__device__ __forceinline__ void transpose_v(const uint8_t* smem, int stage, int buf, int tw, int lane) {
-  const uint32_t src = smem_addr(smem + C::kOffKv + stage * C::kStageBytes) + (lane & 7) * 16 +
-                       ((lane >> 3) & 1) * C::kGroupBytes + (lane >> 4) * 128;
+__device__ __forceinline__ void transpose_v(const uint8_t* smem, int stage, int buf, int tw, int lane, int valid) {
+  // lane (m = lane / 8, i = lane % 8) addresses row i of matrix m: keys + 8 (m & 1), chunk + (m >> 1)
+  const int m = lane >> 3, i = lane & 7;
+  uint32_t src = smem_addr(smem + C::kOffKv + stage * C::kStageBytes);
+  uint32_t sw_even = 0, sw_odd = 0;
+  if constexpr (C::kSw64) {
+    src += (8 * (m & 1) + i) * 64;
+    const int xr = (i >> 1) & 3;                   // (row / 2) % 4 of this lane's rows
+    sw_even = ((m >> 1) ^ xr) << 4;                // chunk 2 c2 + (m >> 1), c2 even: chunk % 4 = m >> 1
+    sw_odd = ((2 + (m >> 1)) ^ xr) << 4;           // c2 odd: chunk % 4 = 2 + (m >> 1)
+  } else {
+    src += i * 16 + (m & 1) * C::kGroupBytes + (m >> 1) * 128;
+  }
   const int j = lane >> 2, r = lane & 3;
   const uint32_t dst = smem_addr(smem + C::kOffVt + buf * C::kVtBytes) + (j >> 2) * C::kVtSbo + (j & 3) * 32 + r * 4;
+  // One unit at a time: issuing several units' loads together was slower overall (384 vs 321 us
+  // at fp8 (128,1) b64 ctx 8192): the extra shared-memory traffic in flight delays the consumers.
 #pragma unroll 1
   for (int u = tw; u < (C::BN / 16) * (kVDim / 32); u += kTransposeWarps) {
     const int g = u % (C::BN / 16), c2 = u / (C::BN / 16);
     uint32_t d[4];
-    ldmatrix_x4_trans(d, src + 2 * g * C::kGroupBytes + 2 * c2 * 128);
+    if constexpr (C::kSw64) {
+      ldmatrix_x4_trans(d, src + (c2 >> 1) * (C::BN * 64) + g * 16 * 64 + ((c2 & 1) ? sw_odd : sw_even));
+    } else {
+      ldmatrix_x4_trans(d, src + 2 * g * C::kGroupBytes + 2 * c2 * 128);
+    }
+    if (valid < (g + 1) * 16) {
+      // a register's low 16 bits are key k (two columns), its high 16 bits key k + 1, with
+      // k = 16g + 2r in d[0], d[2] and 16g + 8 + 2r in d[1], d[3]
+      const int k0 = 16 * g + 2 * r;
+      const uint32_t m_lo = (k0 < valid ? 0x0000ffffu : 0u) | (k0 + 1 < valid ? 0xffff0000u : 0u);
+      const uint32_t m_hi = (k0 + 8 < valid ? 0x0000ffffu : 0u) | (k0 + 9 < valid ? 0xffff0000u : 0u);
+      d[0] &= m_lo;
+      d[2] &= m_lo;
+      d[1] &= m_hi;
+      d[3] &= m_hi;
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // columns 32 c2 + 16 h + 2 j (+1): column group 4 c2 + 2 h + j / 4, row 2 (j % 4) (+1)

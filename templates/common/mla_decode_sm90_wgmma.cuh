@@ -48,6 +48,7 @@ struct MlaDecodeWgmmaConfig {
   // V as the 16-bit B operand of PV: 8-key groups are kVGroupBytes apart (the LBO).
   static constexpr int kVGroupBytes = Fp8 ? 8 * kVDim * 2 : kGroupBytes;
   static constexpr int kStages = Stages;
+  static constexpr bool kSw64 = false;                        // KV stages: interleaved layout (k_desc)
 
   static constexpr int kQBytes = kRows * kRowBytes;
   static constexpr int kStageBytes = BN * kRowBytes;
@@ -373,6 +374,24 @@ struct QkAcc {
   float acc[2][C::kSTiles][4];
 };
 
+// B operand (K of warpgroup half's keys, one k32 step kk) of QK. k_addr = the stage's address
+// plus k_half_offset<C>(half). Interleaved stages: 8-key groups kGroupBytes apart, 16-byte chunks
+// 128 B apart. 64-byte-swizzled stages (the overlapped loop's TMA layout, C::kSw64): 64-byte
+// column blocks of BN rows x 64 B, 8-row atoms 512 B apart; a k32 step is half a block, reached
+// by moving the start address 32 B (the hardware applies the swizzle to the final address).
+template <class C>
+__device__ __forceinline__ uint32_t k_half_offset(int half) {
+  return C::kSw64 ? half * (C::BN / 2) * 64 : half * (C::BN / 16) * C::kGroupBytes;
+}
+template <class C>
+__device__ __forceinline__ uint64_t k_desc(uint32_t k_addr, int kk) {
+  if constexpr (C::kSw64) {
+    return make_desc(k_addr + (kk >> 1) * (C::BN * 64) + (kk & 1) * 32, 16, 512) | (2ull << 62);
+  } else {
+    return make_desc(k_addr + kk * 256, 128, C::kGroupBytes);
+  }
+}
+
 template <class C, int Chunk>
 __device__ __forceinline__ void qk_issue_chunk(QkAcc<C>& a, uint32_t q_addr, uint32_t k_addr) {
   constexpr int kB = Chunk & 1;
@@ -381,7 +400,7 @@ __device__ __forceinline__ void qk_issue_chunk(QkAcc<C>& a, uint32_t q_addr, uin
   for (int i = 0; i < QkAcc<C>::kChunk; ++i) {
     const int kk = Chunk * QkAcc<C>::kChunk + i;
     const uint64_t da = make_desc(q_addr + kk * 256, 128, C::kGroupBytes);
-    const uint64_t db = make_desc(k_addr + kk * 256, 128, C::kGroupBytes);
+    const uint64_t db = k_desc<C>(k_addr, kk);
     if (i == 0) {
       wgmma_qk<C::kFp8, 0>(a.acc[kB], da, db);
     } else {
@@ -415,7 +434,7 @@ __device__ __forceinline__ void qk_pipeline(float (&s)[C::kSTiles][4], QkAcc<C>&
 template <class C>
 __device__ __forceinline__ void qk_begin(QkAcc<C>& a, const uint8_t* smem, int stage, int half) {
   const uint32_t q_addr = smem_addr(smem + C::kOffQ);
-  const uint32_t k_addr = smem_addr(smem + C::kOffKv + stage * C::kStageBytes) + half * (C::BN / 16) * C::kGroupBytes;
+  const uint32_t k_addr = smem_addr(smem + C::kOffKv + stage * C::kStageBytes) + k_half_offset<C>(half);
   qk_issue_chunk<C, 0>(a, q_addr, k_addr);
   if constexpr (QkAcc<C>::kChunks > 1) qk_issue_chunk<C, 1>(a, q_addr, k_addr);
 }
@@ -427,7 +446,7 @@ __device__ __forceinline__ void qk_finish(float (&s)[C::kSTiles][4], QkAcc<C>& a
 #pragma unroll
   for (int j = 0; j < C::kSTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
   const uint32_t q_addr = smem_addr(smem + C::kOffQ);
-  const uint32_t k_addr = smem_addr(smem + C::kOffKv + stage * C::kStageBytes) + half * (C::BN / 16) * C::kGroupBytes;
+  const uint32_t k_addr = smem_addr(smem + C::kOffKv + stage * C::kStageBytes) + k_half_offset<C>(half);
   qk_pipeline<C, 2>(s, a, q_addr, k_addr);
   constexpr int kN = QkAcc<C>::kChunks;
   if constexpr (kN > 1) {
