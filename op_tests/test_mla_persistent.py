@@ -6,8 +6,9 @@ Every case: random q / KV, page table a random permutation with spare pages, eve
 element must be written). Tolerances (relative L2 vs float64): bf16 <= 5e-3; fp8 <=
 max(3e-2, 1.25 x the error of the reference with AITER's fp8-rounded P). LSE is checked too.
 
-Every GPU test runs once per sm_90a main loop (``mainloop`` fixture: "mma", "wgmma" and
-"wgmma_ws", forced through ``decode.DEFAULT_MAINLOOP``), so no kernel path can break unnoticed.
+Every GPU test runs once per sm_90a main loop (``mainloop`` fixture: every entry of
+``decode.MAINLOOPS``, forced through ``decode.DEFAULT_MAINLOOP``; a loop without a kernel for a
+test's dtype skips it), so no kernel path can break unnoticed.
 
 A results table (case, rel L2, LSE error, tolerance) is printed at the end of the session.
 """
@@ -245,13 +246,13 @@ def test_variant_selection():
 
 
 def test_launch_grid_x():
-    """wgmma_ws / wgmma_ovl run both 64-row halves of a 128-row work at once (grid.x = ceil(clusters / 2));
+    """wgmma_ws / wgmma_ovl / wgmma_ot run both 64-row halves of a 128-row work at once (grid.x = ceil(clusters / 2));
     every other variant launches one CTA column per cluster."""
     for loop in dec.MAINLOOPS:
         for heads, qlen in [(128, 1), (16, 1), (16, 4)]:
             v = dec.decode_variant(heads, qlen, 64, FP8, FP8, mainloop=loop)
             for clusters in (1, 7, 132):
-                paired = loop in ("wgmma_ws", "wgmma_ovl") and v["block_m"] == 128
+                paired = loop in ("wgmma_ws", "wgmma_ovl", "wgmma_ot") and v["block_m"] == 128
                 want = (clusters + 1) // 2 if paired else clusters
                 assert dec.launch_grid_x(v, clusters) == want
 

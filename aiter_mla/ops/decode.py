@@ -73,21 +73,23 @@ BLOCK_N = {"fp8": 64, "bf16": 32}
 #: on mbarriers, so the consumers issue no KV load; for 128-row tiles both 64-row halves of a
 #: work run at the same time, see ``launch_grid_x``) and "wgmma_ovl" (fp8 only: wgmma_ws's
 #: roles with softmax(t) overlapping PV(t-1), PV in e4m3 with P rounded to fp8 as AITER does,
-#: on a V^T tile the spare producer warps transpose).
-MAINLOOPS = ("mma", "wgmma", "wgmma_ws", "wgmma_ovl")
+#: on a V^T tile the spare producer warps transpose) and "wgmma_ot" (fp8 only: PV computed
+#: transposed, O^T = V^T P^T, with V^T built in registers from the KV tile: no transpose pass;
+#: 4 KV stages). The fp8 TMA loops load KV tiles by TMA for page_size >= 8.
+MAINLOOPS = ("mma", "wgmma", "wgmma_ws", "wgmma_ovl", "wgmma_ot")
 
 #: Main loop -> the kv dtypes it has a kernel for.
 MAINLOOP_DTYPES = {"mma": ("fp8", "bf16"), "wgmma": ("fp8", "bf16"), "wgmma_ws": ("fp8", "bf16"),
-                   "wgmma_ovl": ("fp8",)}
+                   "wgmma_ovl": ("fp8",), "wgmma_ot": ("fp8",)}
 
-#: dtype -> the main loop ``decode_variant`` picks when none is asked for. wgmma_ws for both:
-#: measured on the H200 (decode + reduce, CUDA graph, same run) against wgmma: fp8 (128,1) b64
-#: ctx 8192 443.6 vs 497.2 us, (16,1) b128 ctx 8192 413.6 vs 464.0 us, (64,1) b128 ctx 8192
-#: 432.8 vs 480.9 us, (128,1) b1 ctx 21 12.6 vs 13.1 us; bf16 (128,1) b64 ctx 8192 598.8 vs
-#: 683.1 us, (16,1) b128 ctx 8192 564.8 vs 643.2 us; outputs bit-identical to wgmma; all
-#: persistent tests pass on it (docs/perf/notes.md, issue 6 change 2). wgmma was 1.3-1.5x
-#: faster than mma (change 1).
-DEFAULT_MAINLOOP = {"fp8": "wgmma_ws", "bf16": "wgmma_ws"}
+#: dtype -> the main loop ``decode_variant`` picks when none is asked for. fp8: wgmma_ot,
+#: measured on the H200 (decode + reduce, CUDA graph, same run; docs/perf/notes.md, issue 6
+#: changes 3-5): fp8 (128,1) b64 ctx 8192 301.2 us against wgmma_ovl 323.7 and wgmma_ws 445.5;
+#: (16,1) b128 ctx 8192 265.0 / 299.7 / 411.3; (64,1) b128 ctx 8192 292.0 / 314.0 / 434.8;
+#: (128,1) b1 ctx 21 11.2 / 13.4 / 13.3; 20/20 accuracy cases and the persistent tests pass.
+#: bf16: wgmma_ws (the fp8 loops' PV is an e4m3 wgmma); wgmma_ws was 1.1x wgmma, which was
+#: 1.3-1.5x mma (changes 1-2).
+DEFAULT_MAINLOOP = {"fp8": "wgmma_ot", "bf16": "wgmma_ws"}
 
 _DEFAULT_SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
 
@@ -153,7 +155,7 @@ def launch_grid_x(params: dict, clusters: int) -> int:
     """grid.x of the decode launch for a variant ``params`` and ``clusters`` work lists.
 
     The kernel runs grid (grid_x, block_m / 64); CTA x walks clusters x, x + grid_x, ...
-    ``wgmma_ws`` / ``wgmma_ovl`` with block_m 128 launch ceil(clusters / 2) so that the two 64-row CTAs of
+    ``wgmma_ws`` / ``wgmma_ovl`` / ``wgmma_ot`` with block_m 128 launch ceil(clusters / 2) so that the two 64-row CTAs of
     a work run at the same time on the ~num_cu SMs (one CTA fits an SM) and the second reads the
     KV from L2 (FlashMLA sizes its grid the same way: num_sm_parts = num_sms / m_blocks); with
     grid_x = clusters the second halves would run as a second wave and read the KV from HBM
@@ -162,7 +164,7 @@ def launch_grid_x(params: dict, clusters: int) -> int:
     Args: ``params`` a ``decode_variant`` dict; ``clusters`` >= 1 (``arch.num_clusters``).
     Returns an int in [1, clusters]. Raises KeyError when ``params`` lacks mainloop / block_m.
     """
-    if params["mainloop"] in ("wgmma_ws", "wgmma_ovl") and params["block_m"] == 128:
+    if params["mainloop"] in ("wgmma_ws", "wgmma_ovl", "wgmma_ot") and params["block_m"] == 128:
         return max(1, (clusters + 1) // 2)
     return clusters
 

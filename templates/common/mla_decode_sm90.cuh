@@ -315,6 +315,22 @@ __device__ __forceinline__ void softmax_row_max(float (&s)[C::kSTiles][4], RowSt
   }
 }
 
+// p = exp2(s - m_ref) for this thread's scores (after softmax_row_max); store(j, p0, p1, p2, p3)
+// writes n8 tile j's values (row r0: p0, p1; row r0 + 8: p2, p3); sum gets the two row sums.
+template <class C, class Store>
+__device__ __forceinline__ void exp_scores(const float (&s)[C::kSTiles][4], const float (&m_ref)[2], float (&sum)[2],
+                                           Store store) {
+  sum[0] = sum[1] = 0.f;
+#pragma unroll
+  for (int j = 0; j < C::kSTiles; ++j) {
+    const float p0 = exp2f(s[j][0] - m_ref[0]), p1 = exp2f(s[j][1] - m_ref[0]);
+    const float p2 = exp2f(s[j][2] - m_ref[1]), p3 = exp2f(s[j][3] - m_ref[1]);
+    sum[0] += p0 + p1;
+    sum[1] += p2 + p3;
+    store(j, p0, p1, p2, p3);
+  }
+}
+
 // Online softmax for one tile: softmax_row_max, then rescales O and l and writes this warp's
 // half of P (16-bit) to shared memory.
 template <class C>
@@ -324,18 +340,13 @@ __device__ __forceinline__ void softmax_update(float (&s)[C::kSTiles][4], float 
   const int r0 = group * 16 + (lane >> 2);
   float scale_o[2], mx[2];
   softmax_row_max<C>(s, st, scale_o, mx, smem, tok0, scale_log2, group, half, lane);
-  float sum[2] = {0.f, 0.f};
+  float sum[2];
   uint8_t* p_tile = smem + C::kOffP;
-#pragma unroll
-  for (int j = 0; j < C::kSTiles; ++j) {
-    const float p0 = exp2f(s[j][0] - mx[0]), p1 = exp2f(s[j][1] - mx[0]);
-    const float p2 = exp2f(s[j][2] - mx[1]), p3 = exp2f(s[j][3] - mx[1]);
-    sum[0] += p0 + p1;
-    sum[1] += p2 + p3;
+  exp_scores<C>(s, mx, sum, [&](int j, float p0, float p1, float p2, float p3) {
     const int col = half * (C::BN / 2) + j * 8 + (lane & 3) * 2;
     *reinterpret_cast<uint32_t*>(p_tile + r0 * C::kPStride + col * 2) = pack2<C::kFp8>(p0, p1);
     *reinterpret_cast<uint32_t*>(p_tile + (r0 + 8) * C::kPStride + col * 2) = pack2<C::kFp8>(p2, p3);
-  }
+  });
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * scale_o[h] + sum[h];
   scale_rows<C>(o, scale_o);
@@ -365,16 +376,13 @@ __device__ __forceinline__ void pv_mma(float (&o)[C::kOTiles][4], const uint8_t*
 }
 
 // ---- epilogue ------------------------------------------------------------------------------
-// Sums l over the quad and the partner warp, then writes this warp's 256 columns of each valid
-// row: bf16 O * out_scale / l and the final LSE (unsplit work), or fp32 partial O and partial
-// LSE (split work). LSE = ln(sum exp(score)) = ln2 * (m + log2 l). A row that saw no key
-// (l == 0) gets O = 0 and LSE = +inf (final) / -inf (partial), never NaN.
+// The final per-row values of this thread's two rows (r0 = 16 group + lane / 4 and r0 + 8):
+// sums l over the quad and the partner warp (one pair barrier), then inv = out_scale / l and
+// LSE = ln(sum exp(score)) = ln2 * (m + log2 l). A row that saw no key (l == 0) gets inv 0 and
+// LSE +inf (final) / -inf (partial, split), never NaN.
 template <class C>
-__device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], RowState& st, uint8_t* smem,
-                                             const Work& w, int row_base, int num_heads, float out_scale,
-                                             __nv_bfloat16* __restrict__ out, float* __restrict__ final_lse,
-                                             float* __restrict__ split_out, float* __restrict__ split_lse,
-                                             int group, int half, int lane) {
+__device__ __forceinline__ void row_totals(RowState& st, uint8_t* smem, bool split, float out_scale, int group,
+                                           int half, int lane, float (&inv)[2], float (&lse)[2]) {
   float* red_sum = reinterpret_cast<float*>(smem + C::kOffRed) + 2 * kRows;   // [2][64]
   const int r0 = group * 16 + (lane >> 2);
 #pragma unroll
@@ -387,30 +395,46 @@ __device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], Ro
     red_sum[half * kRows + r0 + 8] = st.l[1];
   }
   pair_sync(group);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = st.l[h] + red_sum[(half ^ 1) * kRows + r0 + 8 * h];
+    inv[h] = l > 0.f ? out_scale / l : 0.f;
+    lse[h] = l > 0.f ? (st.m[h] + log2f(l)) * 0.69314718055994531f : (split ? -INFINITY : INFINITY);
+  }
+}
+
+// Writes this warp's 256 columns of each valid row: bf16 O * out_scale / l and the final LSE
+// (unsplit work), or fp32 partial O and partial LSE (split work); see row_totals.
+template <class C>
+__device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], RowState& st, uint8_t* smem,
+                                             const Work& w, int row_base, int num_heads, float out_scale,
+                                             __nv_bfloat16* __restrict__ out, float* __restrict__ final_lse,
+                                             float* __restrict__ split_out, float* __restrict__ split_lse,
+                                             int group, int half, int lane) {
+  const int r0 = group * 16 + (lane >> 2);
   const bool split = w.partial_qo_loc >= 0;
+  float inv[2], lse[2];
+  row_totals<C>(st, smem, split, out_scale, group, half, lane, inv, lse);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = r0 + 8 * h;                      // row within the CTA
     if (r >= w.valid_rows) continue;
     const int tile_row = row_base + r;             // row within the work's block_m tile
-    const float l = st.l[h] + red_sum[(half ^ 1) * kRows + r];
-    const float inv = l > 0.f ? out_scale / l : 0.f;
-    const float lse = l > 0.f ? (st.m[h] + log2f(l)) * 0.69314718055994531f : (split ? -INFINITY : INFINITY);
     const int col0 = half * (kVDim / 2) + (lane & 3) * 2;
     if (split) {
       const int64_t row = (int64_t)w.partial_qo_loc * num_heads + tile_row;
       float* dst = split_out + row * kVDim + col0;
 #pragma unroll
       for (int j = 0; j < C::kOTiles; ++j)
-        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
-      if (half == 0 && (lane & 3) == 0) split_lse[row] = lse;
+        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * h] * inv[h], o[j][2 * h + 1] * inv[h]);
+      if (half == 0 && (lane & 3) == 0) split_lse[row] = lse[h];
     } else {
       const int64_t row = (int64_t)w.qo_start * num_heads + tile_row;
       __nv_bfloat16* dst = out + row * kVDim + col0;
 #pragma unroll
       for (int j = 0; j < C::kOTiles; ++j)
-        *reinterpret_cast<__nv_bfloat162*>(dst + j * 8) = __floats2bfloat162_rn(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
-      if (final_lse != nullptr && half == 0 && (lane & 3) == 0) final_lse[row] = lse;
+        *reinterpret_cast<__nv_bfloat162*>(dst + j * 8) = __floats2bfloat162_rn(o[j][2 * h] * inv[h], o[j][2 * h + 1] * inv[h]);
+      if (final_lse != nullptr && half == 0 && (lane & 3) == 0) final_lse[row] = lse[h];
     }
   }
 }

@@ -26,8 +26,10 @@
 namespace mla {
 namespace ovl {
 
+// Tile constants shared by the fp8 loops fed by TMA (wgmma_ovl here, wgmma_ot in
+// mla_decode_sm90_ot.cuh): 64-row CTA, block_n keys per tile, fp8 Q and KV rows of 576 bytes.
 template <int BlockN, int PageSize, bool Causal>
-struct MlaDecodeOvlConfig {
+struct Fp8TmaTile {
   static constexpr int BN = BlockN;
   static constexpr int P = PageSize;
   static constexpr bool kFp8 = true;
@@ -38,14 +40,29 @@ struct MlaDecodeOvlConfig {
   static constexpr int kGroupBytes = 8 * kRowBytes;           // one 8-row group (SBO of Q / K)
   static constexpr int kKSteps = kRowBytes / 32;              // k32 steps of QK
   static constexpr int kSTiles = BN / 16;                     // n8 tiles of S per thread (N = BN/2)
-  static constexpr int kOTiles = kVDim / 2 / 8;               // n8 tiles of O per thread (N = 256)
-  static constexpr int kStages = 3;                           // KV ring
+  static constexpr int kOTiles = kVDim / 2 / 8;               // O accumulator tiles per thread (32 x 4 floats)
   // page_size >= 8: KV stages are loaded by TMA in the 64-byte-swizzled layout (9 column blocks
   // of BN rows x 64 B; a box is kTmaRows rows x 64 B, at most one page); smaller pages keep
   // cp.async and the interleaved layout (a TMA box never spans two pages).
   static constexpr bool kSw64 = P >= 8;
   static constexpr int kTmaRows = P < BN ? P : BN;
   static constexpr int kTmaBoxBytes = kTmaRows * 64;
+  static constexpr int kQBytes = kRows * kRowBytes;
+  static constexpr int kStageBytes = BN * kRowBytes;
+  static constexpr int kRedBytes = 2 * 2 * kRows * 4;
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffKv = kOffQ + kQBytes;
+  static_assert(BN == 64, "the fp8 TMA main loops run block_n 64");
+  static_assert(P >= 1 && P <= 256 && (P & (P - 1)) == 0, "page_size must be a power of two <= 256");
+  static constexpr int kLog2P = (P == 1) ? 0 : (P == 2) ? 1 : (P == 4) ? 2 : (P == 8) ? 3 :
+                                (P == 16) ? 4 : (P == 32) ? 5 : (P == 64) ? 6 : (P == 128) ? 7 : 8;
+};
+
+template <int BlockN, int PageSize, bool Causal>
+struct MlaDecodeOvlConfig : Fp8TmaTile<BlockN, PageSize, Causal> {
+  using T = Fp8TmaTile<BlockN, PageSize, Causal>;
+  using T::BN;
+  static constexpr int kStages = 3;                           // KV ring
   static constexpr int kPStride = BN + 16;                    // fp8 P row: 80 B, ldmatrix conflict-free
   // V^T: 64 column groups of 8 columns x BN key positions (K-major core matrices, LBO 128 B).
   // The group stride is 16 B more than BN * 8 so that the transposers' 4-byte stores of one
@@ -53,27 +70,17 @@ struct MlaDecodeOvlConfig {
   static constexpr int kVtSbo = BN * 8 + 16;
   static constexpr int kVtBytes = (kVDim / 8) * kVtSbo;
 
-  static constexpr int kQBytes = kRows * kRowBytes;
-  static constexpr int kStageBytes = BN * kRowBytes;
   static constexpr int kPBytes = kRows * kPStride;
-  static constexpr int kRedBytes = 2 * 2 * kRows * 4;
-
-  static constexpr int kOffQ = 0;
-  static constexpr int kOffKv = kOffQ + kQBytes;
-  static constexpr int kOffVt = kOffKv + kStages * kStageBytes;   // 2 buffers
+  static constexpr int kOffVt = T::kOffKv + kStages * T::kStageBytes;   // 2 buffers
   static constexpr int kOffP = kOffVt + 2 * kVtBytes;
   static constexpr int kOffRed = kOffP + kPBytes;
   // mbarriers: full[kStages], empty[kStages], vt_full[2], vt_empty[2].
-  static constexpr int kOffBar = kOffRed + kRedBytes;
+  static constexpr int kOffBar = kOffRed + T::kRedBytes;
   static constexpr int kSmemBytes = kOffBar + (2 * kStages + 4) * 8;
 
-  static_assert(BN == 64, "the overlapped main loop runs block_n 64");
-  static_assert(P >= 1 && P <= 256 && (P & (P - 1)) == 0, "page_size must be a power of two <= 256");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
-  static_assert(kOffKv % 128 == 0 && kOffVt % 128 == 0 && kVtBytes % 16 == 0 && kOffP % 16 == 0,
+  static_assert(T::kOffKv % 512 == 0 && kOffVt % 128 == 0 && kVtBytes % 16 == 0 && kOffP % 16 == 0,
                 "operand tiles are aligned");
-  static constexpr int kLog2P = (P == 1) ? 0 : (P == 2) ? 1 : (P == 4) ? 2 : (P == 8) ? 3 :
-                                (P == 16) ? 4 : (P == 32) ? 5 : (P == 64) ? 6 : (P == 128) ? 7 : 8;
 };
 
 // Spare producer warps that transpose V (warps 9, 10, 11 of the CTA).
@@ -83,6 +90,11 @@ constexpr int kTransposeWarps = 3;
 __device__ __forceinline__ int p_pos(int k) {
   const int kk = k & 15;
   return (k & ~15) | (((kk & 7) >> 1) << 2) | ((kk >> 3) << 1) | (kk & 1);
+}
+
+// Two unnormalised probabilities as e4m3 (AITER's fp8 P; satfinite, round to nearest).
+__device__ __forceinline__ __nv_fp8x2_storage_t e4m3x2(float lo, float hi) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 }
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
@@ -211,20 +223,13 @@ __device__ __forceinline__ void softmax_p(float (&s)[C::kSTiles][4], RowState& s
   const int r0 = group * 16 + (lane >> 2);
   float mx[2];
   softmax_row_max<C>(s, st, scale_o, mx, smem, tok0, scale_log2, group, half, lane);
-  float sum[2] = {0.f, 0.f};
+  float sum[2];
   uint8_t* p_row0 = smem + C::kOffP + r0 * C::kPStride;
-#pragma unroll
-  for (int j = 0; j < C::kSTiles; ++j) {
-    const float p0 = exp2f(s[j][0] - mx[0]), p1 = exp2f(s[j][1] - mx[0]);
-    const float p2 = exp2f(s[j][2] - mx[1]), p3 = exp2f(s[j][3] - mx[1]);
-    sum[0] += p0 + p1;
-    sum[1] += p2 + p3;
+  exp_scores<C>(s, mx, sum, [&](int j, float p0, float p1, float p2, float p3) {
     const int col = p_pos(half * (C::BN / 2) + j * 8 + (lane & 3) * 2);
-    *reinterpret_cast<__nv_fp8x2_storage_t*>(p_row0 + col) =
-        __nv_cvt_float2_to_fp8x2(make_float2(p0, p1), __NV_SATFINITE, __NV_E4M3);
-    *reinterpret_cast<__nv_fp8x2_storage_t*>(p_row0 + 8 * C::kPStride + col) =
-        __nv_cvt_float2_to_fp8x2(make_float2(p2, p3), __NV_SATFINITE, __NV_E4M3);
-  }
+    *reinterpret_cast<__nv_fp8x2_storage_t*>(p_row0 + col) = e4m3x2(p0, p1);
+    *reinterpret_cast<__nv_fp8x2_storage_t*>(p_row0 + 8 * C::kPStride + col) = e4m3x2(p2, p3);
+  });
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * scale_o[h] + sum[h];
 }

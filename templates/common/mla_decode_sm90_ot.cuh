@@ -1,0 +1,233 @@
+// MLA decode on sm_90a: the fp8 main loop without a V transpose (template parameter
+// mainloop = "wgmma_ot").
+//
+// wgmma_ovl runs PV as O += P V with V^T as the K-major B operand, which three producer warps
+// write to shared memory every tile; measured, that transpose (32 KB read + 32 KB written per
+// tile) was the loop's limiter (half of it: 321 -> 253 us at fp8 (128,1) b64 ctx 8192). Here PV
+// runs transposed, O^T[512 x 64] += V^T[512 x keys] . P^T[keys x 64]:
+//   * A = V^T comes from registers: each consumer warp reads its 16 V columns of the KV stage
+//     with ldmatrix.trans (16-bit elements = 2 columns of one key) and one prmt per register
+//     merges two keys' halves into the e4m3 k32 A fragment. Nothing is written back.
+//   * B = P^T is P itself in shared memory (rows of P are K-major: positions contiguous).
+// Warpgroup c owns O^T rows (V columns) [256c, 256c + 256) as four m64n64 accumulators
+// (128 floats per thread, as before). QK, the row-max exchange and l stay as in the other loops
+// (S layout: warp g holds rows 16g + lane/4 (+8)); the per-row factors and 1/l go through
+// shared memory to the O^T layout (thread holds 16 rows x 8 columns).
+//
+// A-fragment row rho (0..15) of warp w in m-block mb of warpgroup c is V column
+// 16 X + 2 (rho % 8) + rho / 8 with X = 16 c + 4 mb + w (a 16-column chunk of V): the
+// ldmatrix.trans lane (j, r) = (lane / 4, lane % 4) holds columns 2j, 2j + 1. Key positions
+// follow p_pos (mla_decode_sm90_ovl.cuh), as P's columns do.
+//
+// Order per tile: QK(t) (PV(t-1) still computes ahead of it on the tensor cores) -> A(t) from
+// the stage, stage released -> softmax(t) -> barrier -> O^T rescale -> PV(t) issued, not waited.
+#pragma once
+#include "mla_decode_sm90_ovl.cuh"
+
+namespace mla {
+namespace ot {
+
+template <int BlockN, int PageSize, bool Causal>
+struct MlaDecodeOtConfig : ovl::Fp8TmaTile<BlockN, PageSize, Causal> {
+  using T = ovl::Fp8TmaTile<BlockN, PageSize, Causal>;
+  using T::BN;
+  static constexpr int kStages = 4;                   // KV ring (no V^T buffers: room for a 4th)
+  static constexpr int kMBlocks = kVDim / 2 / 64;     // m64 blocks of O^T per warpgroup
+  // P (B operand, K-major): 8-row groups 512 B apart, 16-position core matrices 128 B apart.
+  static constexpr int kPBytes = kRows * BN;
+  static constexpr int kOffP = T::kOffKv + kStages * T::kStageBytes;   // 2 buffers
+  static constexpr int kOffScale = kOffP + 2 * kPBytes;               // [2][64] O^T row factors
+  static constexpr int kOffInv = kOffScale + 2 * kRows * 4;            // [64] out_scale / l
+  static constexpr int kOffRed = kOffInv + kRows * 4;
+  static constexpr int kOffBar = kOffRed + T::kRedBytes;               // full[kStages], empty[kStages]
+  static constexpr int kSmemBytes = kOffBar + 2 * kStages * 8;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
+  static_assert(T::kOffKv % 512 == 0 && kOffP % 128 == 0, "operand tiles are aligned");
+};
+
+// Byte offset of P(row, position) in a P buffer (K-major core matrices, see the config).
+__device__ __forceinline__ int p_offset(int row, int pos) {
+  return (row >> 3) * 512 + (pos >> 4) * 128 + (row & 7) * 16 + (pos & 15);
+}
+
+// This warp's A fragments of PV for the tile in `stage`: a[mb][kk] for m-block mb, k32 step kk.
+// Keys at or past `valid` (tile tail: not loaded, or a TMA box's rows past the work's end,
+// possibly NaN) become 0 so that P = 0 never meets them.
+template <class C>
+__device__ __forceinline__ void load_vt_frags(uint32_t (&a)[C::kMBlocks][C::BN / 32][4], const uint8_t* smem,
+                                              int stage, int half, int warp_in_wg, int lane, int valid) {
+  const int m = lane >> 3, i = lane & 7, r = lane & 3;
+  // lane (m, i) addresses key row 8m + i of the 32-key step, in its warp's 16-column chunk
+  uint32_t src = smem_addr(smem + C::kOffKv + stage * C::kStageBytes);
+  uint32_t sw = 0;
+  if constexpr (C::kSw64) {
+    src += (8 * m + i) * 64;
+    sw = static_cast<uint32_t>(i >> 1) & 3;   // (row / 2) % 4 of this lane's rows
+  } else {
+    src += m * C::kGroupBytes + i * 16;   // row 8m + i of the step: group m, row i
+  }
+#pragma unroll
+  for (int mb = 0; mb < C::kMBlocks; ++mb) {
+    const int x = 16 * half + 4 * mb + warp_in_wg;   // 16-column chunk of V
+#pragma unroll
+    for (int kk = 0; kk < C::BN / 32; ++kk) {
+      uint32_t d[4];
+      if constexpr (C::kSw64) {
+        ldmatrix_x4_trans(d, src + (x >> 2) * (C::BN * 64) + kk * 32 * 64 + ((((x & 3) ^ sw)) << 4));
+      } else {
+        ldmatrix_x4_trans(d, src + kk * 4 * C::kGroupBytes + x * 128);
+      }
+      if (valid < (kk + 1) * 32) {
+        // low 16 bits of d[q] = key 8q + 2r of the step, high = 8q + 2r + 1 (both columns)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int k0 = kk * 32 + 8 * q + 2 * r;
+          d[q] &= (k0 < valid ? 0x0000ffffu : 0u) | (k0 + 1 < valid ? 0xffff0000u : 0u);
+        }
+      }
+      a[mb][kk][0] = ovl::prmt(d[0], d[1], 0x6420);   // row j: column 2j, positions 4r.. of block 0
+      a[mb][kk][1] = ovl::prmt(d[0], d[1], 0x7531);   // row j + 8: column 2j + 1
+      a[mb][kk][2] = ovl::prmt(d[2], d[3], 0x6420);   // block 1 (positions 16 + 4r ..)
+      a[mb][kk][3] = ovl::prmt(d[2], d[3], 0x7531);
+    }
+  }
+}
+
+// softmax_row_max, then P(t) as e4m3 into P buffer `buf` (B layout, keys at p_pos), O^T's row
+// factors into scale[buf] (warpgroup 0's quad leaders), l = l * factor + this thread's p sum.
+template <class C>
+__device__ __forceinline__ void softmax_p(float (&s)[C::kSTiles][4], RowState& st, uint8_t* smem, int buf, int tok0,
+                                          float scale_log2, int group, int half, int lane) {
+  const int r0 = group * 16 + (lane >> 2);
+  float scale_o[2], mx[2];
+  softmax_row_max<C>(s, st, scale_o, mx, smem, tok0, scale_log2, group, half, lane);
+  float sum[2];
+  uint8_t* p = smem + C::kOffP + buf * C::kPBytes;
+  exp_scores<C>(s, mx, sum, [&](int j, float p0, float p1, float p2, float p3) {
+    const int pos = ovl::p_pos(half * (C::BN / 2) + j * 8 + (lane & 3) * 2);
+    *reinterpret_cast<__nv_fp8x2_storage_t*>(p + p_offset(r0, pos)) = ovl::e4m3x2(p0, p1);
+    *reinterpret_cast<__nv_fp8x2_storage_t*>(p + p_offset(r0 + 8, pos)) = ovl::e4m3x2(p2, p3);
+  });
+#pragma unroll
+  for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * scale_o[h] + sum[h];
+  if (half == 0 && (lane & 3) == 0) {
+    float* scale = reinterpret_cast<float*>(smem + C::kOffScale) + buf * kRows;
+    scale[r0] = scale_o[0];
+    scale[r0 + 8] = scale_o[1];
+  }
+}
+
+// O^T columns (query rows) of this thread: 8i + 2 (lane % 4) + {0, 1}, i = 0..7; accumulator
+// element e of tile i is row 8i + 2 (lane % 4) + (e & 1), V column + (e >> 1).
+// O^T accumulators: o[8 mb + i] is n8 tile i of m-block mb (the [32][4] array of the other loops).
+template <class C>
+__device__ __forceinline__ void rescale_ot(float (&o)[C::kOTiles][4], const uint8_t* smem, int buf, int lane) {
+  const float* scale = reinterpret_cast<const float*>(smem + C::kOffScale) + buf * kRows + 2 * (lane & 3);
+  float2 f[8];
+  bool any = false;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    f[i] = *reinterpret_cast<const float2*>(scale + 8 * i);
+    any |= f[i].x != 1.f || f[i].y != 1.f;
+  }
+  if (__any_sync(0xffffffffu, any)) {   // skipping factors of exactly 1 is exact
+#pragma unroll
+    for (int mb = 0; mb < C::kMBlocks; ++mb)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        o[8 * mb + i][0] *= f[i].x;
+        o[8 * mb + i][2] *= f[i].x;
+        o[8 * mb + i][1] *= f[i].y;
+        o[8 * mb + i][3] *= f[i].y;
+      }
+  }
+}
+
+// O^T[64 x 64] (tiles o[8 MB .. 8 MB + 7]) += A[64 x 32 positions] (e4m3 registers) .
+// B[32 positions x 64 rows] (P, shared memory).
+#define AITER_MLA_OT_T(i) "+f"(o[8 * MB + i][0]), "+f"(o[8 * MB + i][1]), "+f"(o[8 * MB + i][2]), "+f"(o[8 * MB + i][3])
+template <int MB>
+__device__ __forceinline__ void wgmma_pv_t(float (&o)[32][4], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, 1, 1, 1;\n"
+      : AITER_MLA_OT_T(0), AITER_MLA_OT_T(1), AITER_MLA_OT_T(2), AITER_MLA_OT_T(3), AITER_MLA_OT_T(4),
+        AITER_MLA_OT_T(5), AITER_MLA_OT_T(6), AITER_MLA_OT_T(7)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+#undef AITER_MLA_OT_T
+
+template <class C, int MB>
+__device__ __forceinline__ void pv_issue_blocks(float (&o)[C::kOTiles][4],
+                                                const uint32_t (&a)[C::kMBlocks][C::BN / 32][4], uint32_t p) {
+  if constexpr (MB < C::kMBlocks) {
+#pragma unroll
+    for (int kk = 0; kk < C::BN / 32; ++kk) wgmma_pv_t<MB>(o, a[MB][kk], wg::make_desc(p + kk * 256, 128, 512));
+    pv_issue_blocks<C, MB + 1>(o, a, p);
+  }
+}
+
+// Issues (does not wait for) O^T[this warpgroup's 256 V columns x 64 rows] += V^T . P^T(buf).
+template <class C>
+__device__ __forceinline__ void pv_issue(float (&o)[C::kOTiles][4], const uint32_t (&a)[C::kMBlocks][C::BN / 32][4],
+                                         const uint8_t* smem, int buf) {
+  wg::fence_operands(o);
+  wg::wgmma_fence();
+  pv_issue_blocks<C, 0>(o, a, smem_addr(smem + C::kOffP + buf * C::kPBytes));
+  wg::wgmma_commit();
+  wg::fence_operands(o);
+}
+
+// Epilogue: row_totals in the S layout, 1/l through shared memory, then this thread's 16 rows
+// x 8 V columns: bf16 O and the final LSE (unsplit work) or fp32 partial O and LSE (split).
+template <class C>
+__device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], RowState& st, uint8_t* smem,
+                                             const Work& w, int row_base, int num_heads, float out_scale,
+                                             __nv_bfloat16* __restrict__ out, float* __restrict__ final_lse,
+                                             float* __restrict__ split_out, float* __restrict__ split_lse,
+                                             int group, int half, int lane) {
+  const bool split = w.partial_qo_loc >= 0;
+  float inv[2], lse[2];
+  row_totals<C>(st, smem, split, out_scale, group, half, lane, inv, lse);
+  float* row_inv = reinterpret_cast<float*>(smem + C::kOffInv);
+  if (half == 0 && (lane & 3) == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = group * 16 + (lane >> 2) + 8 * h;
+      row_inv[r] = inv[h];
+      if (r < w.valid_rows) {
+        if (split) {
+          split_lse[(int64_t)w.partial_qo_loc * num_heads + row_base + r] = lse[h];
+        } else if (final_lse != nullptr) {
+          final_lse[(int64_t)w.qo_start * num_heads + row_base + r] = lse[h];
+        }
+      }
+    }
+  }
+  wg::consumer_sync();   // row_inv of all 64 rows
+  const int64_t row0 = (split ? (int64_t)w.partial_qo_loc : (int64_t)w.qo_start) * num_heads + row_base;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int r = 8 * i + 2 * (lane & 3) + e;
+      if (r >= w.valid_rows) continue;
+      const float f = row_inv[r];
+#pragma unroll
+      for (int mb = 0; mb < C::kMBlocks; ++mb) {
+        const int col = 16 * (16 * half + 4 * mb + group) + 2 * (lane >> 2);
+        const float v0 = o[8 * mb + i][e] * f, v1 = o[8 * mb + i][e + 2] * f;
+        if (split) {
+          *reinterpret_cast<float2*>(split_out + (row0 + r) * kVDim + col) = make_float2(v0, v1);
+        } else {
+          *reinterpret_cast<__nv_bfloat162*>(out + (row0 + r) * kVDim + col) = __floats2bfloat162_rn(v0, v1);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace ot
+}  // namespace mla
