@@ -27,10 +27,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, unwound like Ctrl-C (exit status 143 instead of 130)."""
+
+
 def _terminate(signum, frame):
     # SIGTERM (batch schedulers, `timeout`) unwinds like Ctrl-C: builds in flight are killed
     # and their staging folders removed on the way out.
-    raise KeyboardInterrupt
+    raise _Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,13 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
     try:
+        from . import env
+
+        env.get_flag("AITER_MLA_DISABLE_JIT")   # a malformed value is an error on every command
         rc = args.func(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         from .jit.toolchain import kill_running_builds
 
         kill_running_builds()
         print("interrupted", file=sys.stderr)
-        return 130
+        return 143 if isinstance(exc, _Terminated) else 130
     except Exception as exc:  # every failure exits non-zero with a one-line reason
         print(f"aiter-mla {args.command}: error: {exc}", file=sys.stderr)
         return 1

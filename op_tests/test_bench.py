@@ -482,7 +482,10 @@ def test_row_inputs_plan_and_reference_slice_on_cpu(monkeypatch):
                              ri.kv_last_page_lens, sm_scale=ri.sm_scale, q_scale=ri.q_scales[0],
                              kv_scale=pool.scale)
     assert ref.shape == (2 * 2, 16, 512)
-    assert torch.equal(ref, full[:4]) and torch.isfinite(ref).all()
+    # the same rows of the same reference: torch.equal failed about 1 run in 5 on the 2-core CPU
+    # box with differences up to 2e-6 relative (cause not found; wrong rows would differ by O(1))
+    assert torch.isfinite(ref).all()
+    torch.testing.assert_close(ref, full[:4], rtol=1e-5, atol=1e-7)
 
 
 def test_sweep_orchestration_on_cpu_with_a_stand_in_op(monkeypatch, tmp_path):

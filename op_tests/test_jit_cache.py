@@ -460,7 +460,8 @@ def test_staging_is_on_the_cache_filesystem(fake_jit):
 
 def test_sigterm_during_cli_build_kills_the_compiler_and_cleans_up(fake_jit):
     """Batch schedulers and `timeout` send SIGTERM: the build must stop at once (not run the
-    compiler to completion in a worker thread), exit 130 and leave no staging or entry."""
+    compiler to completion in a worker thread), exit 143 (130 is Ctrl-C) and leave no staging or
+    entry; the kept failure record says the build was interrupted."""
     code = ("import sys; from aiter_mla.cli import main; "
             "sys.exit(main(['jit', 'build', 'fake', '--param', 'n=5', '--param', 'flavor=a', "
             "'--param', 'arch=sm_90a']))")
@@ -476,9 +477,23 @@ def test_sigterm_during_cli_build_kills_the_compiler_and_cleans_up(fake_jit):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-    assert proc.returncode == 130
+    assert proc.returncode == 143
     assert elapsed < 10, f"SIGTERM took {elapsed:.1f} s to stop the build"
+    logs = list((fake_jit.root / "failed").glob("*/build.log"))
+    assert len(logs) == 1 and "interrupted" in logs[0].read_text()
     assert not any(ln.startswith("done") for ln in fake_jit.builds())
     assert _leftovers(fake_jit.root) == []
     entries = fake_jit.root / "entries"
     assert not entries.exists() or not list(entries.iterdir())
+
+
+def test_successful_build_clears_the_failure_record(fake_jit, monkeypatch):
+    """failed/<key> describes the last failed build of a key; once the key builds, it is stale."""
+    monkeypatch.setenv("FAKE_CC_MODE", "fail")
+    with pytest.raises(Exception):
+        core.build_variant("fake", arch="sm_90a", n=4, flavor="a")
+    failed = fake_jit.root / "failed"
+    assert len(list(failed.iterdir())) == 1
+    monkeypatch.setenv("FAKE_CC_MODE", "ok")
+    core.build_variant("fake", arch="sm_90a", n=4, flavor="a")
+    assert list(failed.iterdir()) == []

@@ -154,3 +154,32 @@ def test_list_shows_a_corrupt_default_entry_once(fake_jit, capsys):
     out = capsys.readouterr().out
     assert "[corrupt] default fake(arch=sm_90a, flavor=a, n=1)" in out
     assert "extra   fake(arch=sm_90a, flavor=a, n=1)" not in out
+
+
+def test_render_dash_writes_stdout(fake_jit, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["jit", "render", "fake", *FAKE, "-o", "-"]) == 0
+    assert "n=3 flavor=b" in capsys.readouterr().out
+    assert not (tmp_path / "-").exists()
+
+
+def test_substituted_params_skip_excluded_defaults(fake_jit, capsys):
+    """--param values substituted into every default variant: a substitution that lands on an
+    excluded combination is skipped with a note (not a failure); all refused is an error."""
+    cfg = __import__("conftest").fake_config()
+    cfg["modules"]["fake"]["exclude"] = [{"when": {"n": 2, "flavor": "b"}, "why": "not with b"}]
+    fake_jit.write_config(cfg)
+    assert main(["jit", "build", "fake", "--param", "flavor=b"]) == 0
+    err = capsys.readouterr().err
+    assert "skipped fake(arch=sm_90a, flavor=b, n=2)" in err and "not with b" in err
+    assert "1 of 1 ok" in err
+    assert main(["jit", "build", "fake", "--param", "flavor=b", "--param", "n=2"]) == 1
+    assert "not with b" in capsys.readouterr().err
+
+
+def test_malformed_disable_jit_fails_every_command(fake_jit, monkeypatch, capsys):
+    monkeypatch.setenv("AITER_MLA_DISABLE_JIT", "maybe")
+    assert main(["jit", "list"]) == 1
+    assert "AITER_MLA_DISABLE_JIT" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="AITER_MLA_DISABLE_JIT"):
+        core.variant_key("fake", arch="sm_90a", n=1, flavor="a")

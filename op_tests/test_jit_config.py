@@ -147,3 +147,21 @@ def test_missing_template_and_syntax_error(tmp_path):
     (tmp_path / "t.cu.j2").unlink()
     with pytest.raises(RenderError, match="does not exist"):
         render(m, {"arch": "sm_90a"}, tmp_path)
+
+
+@pytest.mark.parametrize("params,needle", [
+    (dict(mainloop="wgmma_ot", block_n=32), "block_n 64"),
+    (dict(mainloop="wgmma_ws", block_n=32), "block_n 64"),
+    (dict(q_dtype="fp8", kv_dtype="bf16", mainloop="wgmma_ws"), "must be equal"),
+    (dict(q_dtype="bf16", kv_dtype="fp8", mainloop="wgmma_ws"), "must be equal"),
+    (dict(q_dtype="bf16", kv_dtype="bf16", mainloop="wgmma_ot"), "fp8 only"),
+])
+def test_decode_combinations_without_a_kernel_are_refused_before_compiling(params, needle):
+    """What the decode template would reject with #error is refused by the config first."""
+    from aiter_mla.jit.config import ParamError, load_config
+
+    m = load_config().module("mla_decode")
+    base = dict(arch="sm_90a", block_m=64, page_size=64, block_n=64, mask="none", q_dtype="fp8",
+                kv_dtype="fp8", mainloop="wgmma_ot")
+    with pytest.raises(ParamError, match=needle):
+        m.check_params({**base, **params})

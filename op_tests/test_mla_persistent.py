@@ -237,6 +237,10 @@ def test_variant_selection():
         assert w["block_n"] == (32 if loop == "mma" else 64)   # wgmma's unpadded bf16 tiles fit block_n 64
     with pytest.raises(ValueError, match="mainloop"):
         dec.decode_variant(128, 1, 64, FP8, FP8, mainloop="tma")
+    for args, name in [((128, 1, 64.0), "page_size"), ((128, 1, True), "page_size"),
+                       ((128, 1.5, 64), "max_seqlen_q"), (("128", 1, 64), "num_heads")]:
+        with pytest.raises(TypeError, match=f"{name} must be an int"):
+            dec.decode_variant(*args, FP8, FP8)
     assert dec.decode_variant(16, 4, 1, torch.bfloat16, torch.bfloat16)["block_m"] == 64
     assert dec.decode_variant(16, 4, 1, torch.bfloat16, torch.bfloat16)["mask"] == "causal"
     assert dec.decode_variant(16, 1, 16, torch.bfloat16, torch.bfloat16, mainloop="mma")["block_n"] == 32

@@ -358,6 +358,7 @@ class Cache:
             self.move_aside(final)  # only a corrupt leftover can be here while we hold the lock
             os.rename(staging, final)
         _fsync_dir(final.parent)
+        self.move_aside(self.root / "failed" / key)   # an earlier failure of this key is stale now
         return final
 
     def keep_failed(self, key: str, staging: Path) -> Path:

@@ -56,7 +56,7 @@ def register(subparsers) -> None:
     p = jsub.add_parser("render", help="print a variant's rendered source (no toolchain needed)")
     p.add_argument("module")
     _add_param_arg(p)
-    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.add_argument("-o", "--output", help="write to this file instead of stdout ('-': stdout)")
     p.set_defaults(func=cmd_render)
 
     p = jsub.add_parser("gc", help="evict least-recently-used entries down to a size")
@@ -118,13 +118,26 @@ def _variants(args, cfg) -> list[tuple[str, dict]]:
         return [(m.name, given)]
     if not m.default_variants:
         m.check_params(given)  # raises, listing what is missing
-    out, seen = [], set()
+    # Each default variant with the given values substituted; a substitution that lands on an
+    # excluded combination (e.g. mainloop=wgmma_ot into a bf16 default) is skipped with a note,
+    # and only when every one is refused does the first refusal become the error.
+    out, seen, refused = [], set(), []
     for d in m.default_variants:
         v = {**d, **given}
         ident = tuple(sorted(v.items()))
-        if ident not in seen:
-            seen.add(ident)
-            out.append((m.name, v))
+        if ident in seen:
+            continue
+        seen.add(ident)
+        try:
+            m.check_params(v)
+        except ParamError as exc:
+            refused.append((v, exc))
+            continue
+        out.append((m.name, v))
+    if refused and not out:
+        raise refused[0][1]
+    for v, exc in refused:
+        print(f"skipped {describe(m.name, v)}: {exc}", file=sys.stderr)
     return out
 
 
@@ -177,7 +190,7 @@ def cmd_render(args) -> int:
     m = cfg.module(args.module)
     params = m.check_params(m.coerce_params(_parse_params(args.param)))
     text = render(m, params, templates_dir()).text
-    if args.output:
+    if args.output and args.output != "-":
         Path(args.output).write_text(text)
         print(f"wrote {args.output} ({len(text)} characters)", file=sys.stderr)
     else:

@@ -17,6 +17,7 @@ what is already built.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -143,6 +144,7 @@ class _Plan:
 
 
 def _plan(name: str, params: dict) -> _Plan:
+    env.get_flag("AITER_MLA_DISABLE_JIT")   # malformed values fail on cache hits too, not only misses
     cfg = load_config()
     mcfg = cfg.module(name)
     params = mcfg.check_params(params)
@@ -279,8 +281,13 @@ def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, so
     t0 = time.perf_counter()
     rc, output = run_compiler(cmd, staging, staging / "build.log")
     seconds = time.perf_counter() - t0
-    problem = f"{compiler.kind} exit status {rc}" if rc != 0 else \
-        check_artifact(out, compiler, plan.params["arch"])
+    if rc < 0:   # killed by a signal: interrupted (Ctrl-C / SIGTERM) or crashed, not a compile error
+        problem = f"{compiler.kind} exit status {rc} (killed by signal {-rc}: interrupted, or it crashed)"
+        with contextlib.suppress(OSError), open(staging / "build.log", "a") as log:
+            log.write(f"\n[aiter_mla] {problem}\n")
+    else:
+        problem = f"{compiler.kind} exit status {rc}" if rc != 0 else \
+            check_artifact(out, compiler, plan.params["arch"])
     if problem:
         kept = cache.keep_failed(key, staging)
         tail = "\n".join(output.strip().splitlines()[-40:])

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import operator
 import threading
 from typing import Optional
 
@@ -114,6 +115,13 @@ def _supported_text() -> str:
             f"or bf16/bf16; page_size: a power of two in 1..256")
 
 
+def _require_int(name: str, value) -> int:
+    """``value`` as an int; bools, floats, strings and None are refused (TypeError naming it)."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    return operator.index(value)
+
+
 def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: torch.dtype,
                    kv_dtype: torch.dtype, mainloop: Optional[str] = None) -> dict:
     """The ``mla_decode`` template parameters for a problem shape (the JIT variant).
@@ -123,11 +131,15 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
     when max_seqlen_q > 1 else ``none``, q_dtype / kv_dtype, mainloop (``mainloop`` if given,
     one of ``MAINLOOPS``, else ``DEFAULT_MAINLOOP[dtype]``).
 
-    Raises NotImplementedError (listing what is supported) for any other shape or dtype pair,
+    Raises TypeError when num_heads / max_seqlen_q / page_size is not an int (bools and floats
+    included), NotImplementedError (listing what is supported) for any other shape or dtype pair,
     ValueError for an unknown ``mainloop`` or one without a kernel for the dtype
     (``MAINLOOP_DTYPES``).
     """
-    key = (int(num_heads), int(max_seqlen_q))
+    num_heads = _require_int("num_heads", num_heads)
+    max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
+    page_size = _require_int("page_size", page_size)
+    key = (num_heads, max_seqlen_q)
     if key not in SUPPORTED_SHAPES:
         raise NotImplementedError(
             f"mla decode: (num_heads, max_seqlen_q) = {key} is not supported; {_supported_text()}")
@@ -501,9 +513,11 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
                          f"{tuple(kv_buffer.shape) if isinstance(kv_buffer, torch.Tensor) else type(kv_buffer).__name__}")
     if logit_cap is not None and logit_cap > 0:
         raise NotImplementedError(f"logit_cap must be <= 0 (soft-capping is not supported), got {logit_cap}")
-    if nhead_kv != 1 or kv_buffer.shape[2] != 1:
-        raise NotImplementedError(f"nhead_kv must be 1 (MLA has one latent KV head), got nhead_kv={nhead_kv}, "
-                                  f"kv_buffer.shape[2]={kv_buffer.shape[2]}")
+    if nhead_kv != 1:
+        raise NotImplementedError(f"nhead_kv must be 1 (MLA has one latent KV head), got {nhead_kv}")
+    if kv_buffer.shape[2] != 1:
+        raise NotImplementedError(f"kv_buffer.shape[2] (KV heads) must be 1 (MLA has one latent KV head), "
+                                  f"got {kv_buffer.shape[2]}")
     _require_cuda("q", q)
     if int(page_size) != int(kv_buffer.shape[1]):
         raise ValueError(f"page_size={page_size} does not match kv_buffer.shape[1]={kv_buffer.shape[1]}")
