@@ -4,6 +4,7 @@ generators, the results schema and files, peers degrading to notes, the no-GPU e
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -554,3 +555,27 @@ def test_sweep_orchestration_on_cpu_with_a_stand_in_op(monkeypatch, tmp_path):
     doc = report.build_results("c", "cpu stand-in", {}, CEIL, rows)
     paths = report.write_outputs(doc, tmp_path)
     assert json.loads(paths["json"].read_text())["rows"][2]["error"].startswith("RuntimeError")
+
+
+def test_mainloop_flag_selects_the_ops_loop_or_refuses(monkeypatch, capsys):
+    """--mainloop sets the op's dispatch (DEFAULT_MAINLOOP) for the KV dtype; an unknown loop or
+    one without a kernel for that dtype exits 2 before building anything."""
+    from aiter_mla.bench import commands
+    from aiter_mla.ops import decode
+
+    monkeypatch.setitem(decode.DEFAULT_MAINLOOP, "fp8", decode.DEFAULT_MAINLOOP["fp8"])
+    seen = {}
+    def fake_compile_only(args):
+        seen["loop"] = decode.DEFAULT_MAINLOOP["fp8"]
+        return 0
+
+    monkeypatch.setattr(commands, "compile_only", fake_compile_only)
+    parser = argparse.ArgumentParser()
+    commands.add_arguments(parser)
+    args = parser.parse_args(["--compile-only", "--mainloop", "wgmma_ws"])
+    assert commands.run(args) == 0 and seen["loop"] == "wgmma_ws"
+    assert "--mainloop wgmma_ws" in commands.command_line(args)
+    for argv, needle in [(["--mainloop", "tma"], "must be one of"),
+                         (["-d", "bf16", "-kvd", "bf16", "--mainloop", "wgmma_ot"], "has kernels for kv dtypes")]:
+        assert commands.run(parser.parse_args(["--compile-only", *argv])) == 2
+        assert needle in capsys.readouterr().err

@@ -70,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-d", "--dtype", choices=DTYPES, default="fp8", help="Q dtype (default: fp8)")
     p.add_argument("-kvd", "--kv-dtype", choices=DTYPES, default="fp8",
                    help="KV dtype (default: fp8)")
+    p.add_argument("--mainloop", default=None,
+                   help="decode main loop for the KV dtype (default: the op's, "
+                        "aiter_mla.ops.decode.DEFAULT_MAINLOOP; see decode.MAINLOOPS)")
     p.add_argument("--varlen", action="store_true",
                    help="per-request ctx drawn log-normal with mean ctx (a serving batch)")
     p.add_argument("-o", "--output", type=Path, default=Path("bench_results"),
@@ -106,6 +109,8 @@ def command_line(args: argparse.Namespace) -> str:
     parts = ["aiter-mla", "bench", "-n", *[f"{h},{q}" for h, q in args.heads_qlen],
              "-b", *map(str, args.batch), "-c", *map(str, args.ctx),
              "--page-size", *map(str, args.page_size), "-d", args.dtype, "-kvd", args.kv_dtype]
+    if getattr(args, "mainloop", None):
+        parts += ["--mainloop", args.mainloop]
     if args.varlen:
         parts.append("--varlen")
     parts += ["-o", str(args.output)]
@@ -132,8 +137,29 @@ def no_gpu_reason() -> str | None:
     return None
 
 
+def _select_mainloop(args: argparse.Namespace) -> str | None:
+    """Applies ``--mainloop`` to the op's dispatch for this process (every row and the JIT
+    figures then use it); returns an error message for an unknown loop or one without a kernel
+    for the KV dtype, else None."""
+    if not getattr(args, "mainloop", None):
+        return None
+    from ..ops import decode
+
+    if args.mainloop not in decode.MAINLOOPS:
+        return f"--mainloop must be one of {', '.join(decode.MAINLOOPS)}, got {args.mainloop!r}"
+    if args.kv_dtype not in decode.MAINLOOP_DTYPES[args.mainloop]:
+        return (f"--mainloop {args.mainloop} has kernels for kv dtypes "
+                f"{', '.join(decode.MAINLOOP_DTYPES[args.mainloop])}, got -kvd {args.kv_dtype}")
+    decode.DEFAULT_MAINLOOP[args.kv_dtype] = args.mainloop
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``aiter-mla bench``; returns the exit status."""
+    message = _select_mainloop(args)
+    if message:
+        print(f"aiter-mla bench: {message}", file=sys.stderr)
+        return 2
     if args.compile_only:
         return compile_only(args)
     reason = no_gpu_reason()
