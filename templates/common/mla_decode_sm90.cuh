@@ -32,6 +32,15 @@ constexpr int kThreads = 256;    // 8 warps
 constexpr int kGroups = 4;       // row groups of 16
 
 // ---- tile configuration (compile-time; instantiated by the template) ----------------------
+// log2 of the page size, which must be a power of two in 1..256 (every config's kLog2P).
+template <int P>
+constexpr int log2_page_size() {
+  static_assert(P >= 1 && P <= 256 && (P & (P - 1)) == 0, "page_size must be a power of two <= 256");
+  int l = 0;
+  while ((1 << l) < P) ++l;
+  return l;
+}
+
 template <int BlockN, int PageSize, bool Fp8, bool Causal>
 struct MlaDecodeConfig {
   static constexpr int BN = BlockN;
@@ -68,10 +77,8 @@ struct MlaDecodeConfig {
   static constexpr int kSmemBytes = kOffRed + kRedBytes;
 
   static_assert(BN == 32 || BN == 64, "block_n must be 32 or 64");
-  static_assert(P >= 1 && P <= 256 && (P & (P - 1)) == 0, "page_size must be a power of two <= 256");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
-  static constexpr int kLog2P = (P == 1) ? 0 : (P == 2) ? 1 : (P == 4) ? 2 : (P == 8) ? 3 :
-                                (P == 16) ? 4 : (P == 32) ? 5 : (P == 64) ? 6 : (P == 128) ? 7 : 8;
+  static constexpr int kLog2P = log2_page_size<P>();
 };
 
 // ---- PTX wrappers ---------------------------------------------------------------------------

@@ -27,35 +27,15 @@ namespace mla {
 namespace ovl {
 
 // Tile constants shared by the fp8 loops fed by TMA (wgmma_ovl here, wgmma_ot in
-// mla_decode_sm90_ot.cuh): 64-row CTA, block_n keys per tile, fp8 Q and KV rows of 576 bytes.
+// mla_decode_sm90_ot.cuh): the warpgroup tile shape with fp8 Q and KV, plus the TMA boxes.
 template <int BlockN, int PageSize, bool Causal>
-struct Fp8TmaTile {
-  static constexpr int BN = BlockN;
-  static constexpr int P = PageSize;
-  static constexpr bool kFp8 = true;
-  static constexpr bool kCausal = Causal;
-  static constexpr int kElemBytes = 1;
-  static constexpr int kRowBytes = kQkDim;                    // 576 bytes per KV / Q row
-  static constexpr int kChunksPerRow = kRowBytes / 16;
-  static constexpr int kGroupBytes = 8 * kRowBytes;           // one 8-row group (SBO of Q / K)
-  static constexpr int kKSteps = kRowBytes / 32;              // k32 steps of QK
-  static constexpr int kSTiles = BN / 16;                     // n8 tiles of S per thread (N = BN/2)
-  static constexpr int kOTiles = kVDim / 2 / 8;               // O accumulator tiles per thread (32 x 4 floats)
+struct Fp8TmaTile : wg::WgmmaTile<BlockN, PageSize, true, Causal> {
   // page_size >= 8: KV stages are loaded by TMA in the 64-byte-swizzled layout (9 column blocks
   // of BN rows x 64 B; a box is kTmaRows rows x 64 B, at most one page); smaller pages keep
   // cp.async and the interleaved layout (a TMA box never spans two pages).
-  static constexpr bool kSw64 = P >= 8;
-  static constexpr int kTmaRows = P < BN ? P : BN;
+  static constexpr bool kSw64 = PageSize >= 8;
+  static constexpr int kTmaRows = PageSize < BlockN ? PageSize : BlockN;
   static constexpr int kTmaBoxBytes = kTmaRows * 64;
-  static constexpr int kQBytes = kRows * kRowBytes;
-  static constexpr int kStageBytes = BN * kRowBytes;
-  static constexpr int kRedBytes = 2 * 2 * kRows * 4;
-  static constexpr int kOffQ = 0;
-  static constexpr int kOffKv = kOffQ + kQBytes;
-  static_assert(BN == 64, "the fp8 TMA main loops run block_n 64");
-  static_assert(P >= 1 && P <= 256 && (P & (P - 1)) == 0, "page_size must be a power of two <= 256");
-  static constexpr int kLog2P = (P == 1) ? 0 : (P == 2) ? 1 : (P == 4) ? 2 : (P == 8) ? 3 :
-                                (P == 16) ? 4 : (P == 32) ? 5 : (P == 64) ? 6 : (P == 128) ? 7 : 8;
 };
 
 template <int BlockN, int PageSize, bool Causal>
@@ -247,14 +227,6 @@ __device__ __forceinline__ void load_p(uint32_t (&a)[C::BN / 32][4], const uint8
   const uint32_t p_addr = smem_addr(smem + C::kOffP) + (group * 16 + (lane & 15)) * C::kPStride + (lane >> 4) * 16;
 #pragma unroll
   for (int kk = 0; kk < C::BN / 32; ++kk) ldmatrix_x4(a[kk], p_addr + kk * 32);
-}
-
-template <int R, int C>
-__device__ __forceinline__ void fence_regs(uint32_t (&x)[R][C]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i)
-#pragma unroll
-    for (int j = 0; j < C; ++j) asm volatile("" : "+r"(x[i][j])::"memory");
 }
 
 // O[64 x 256] += A[64 x 32 positions] (e4m3, registers) . B[32 positions x 256] (e4m3 V^T,

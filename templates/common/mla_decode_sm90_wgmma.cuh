@@ -29,10 +29,11 @@
 namespace mla {
 namespace wg {
 
-// Stages: KV tiles in the ring (2 for mainloop wgmma; wgmma_ws runs 3 for fp8, whose tiles are
-// half as large: Q + 3 stages + fp16 V + P + barriers = 223,296 B; bf16 stays at 2).
-template <int BlockN, int PageSize, bool Fp8, bool Causal, int Stages = 2>
-struct MlaDecodeWgmmaConfig {
+// The tile shape every warpgroup main loop shares (wgmma / wgmma_ws below, the fp8 TMA loops
+// in mla_decode_sm90_ovl.cuh): 64-row CTA, BN keys per tile, Q and KV rows of 576 elements,
+// Q at 0 and the KV ring after it in shared memory.
+template <int BlockN, int PageSize, bool Fp8, bool Causal>
+struct WgmmaTile {
   static constexpr int BN = BlockN;
   static constexpr int P = PageSize;
   static constexpr bool kFp8 = Fp8;
@@ -44,34 +45,43 @@ struct MlaDecodeWgmmaConfig {
   static constexpr int kKSteps = kRowBytes / 32;              // 32 bytes of K per wgmma (k32 e4m3 / k16 bf16)
   static constexpr int kSTiles = BN / 16;                     // n8 tiles of S per thread (N = BN/2)
   static constexpr int kOTiles = kVDim / 2 / 8;               // n8 tiles of O per thread (N = 256)
+  static constexpr int kQBytes = kRows * kRowBytes;
+  static constexpr int kStageBytes = BN * kRowBytes;
+  static constexpr int kRedBytes = 2 * 2 * kRows * 4;
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffKv = kOffQ + kQBytes;
+  static constexpr int kLog2P = log2_page_size<P>();
+  static_assert(BN == 64, "the warpgroup main loops run block_n 64 (N = 32 keys per warpgroup)");
+};
+
+// Stages: KV tiles in the ring (2 for mainloop wgmma; wgmma_ws runs 3 for fp8, whose tiles are
+// half as large: Q + 3 stages + fp16 V + P + barriers = 223,296 B; bf16 stays at 2).
+template <int BlockN, int PageSize, bool Fp8, bool Causal, int Stages = 2>
+struct MlaDecodeWgmmaConfig : WgmmaTile<BlockN, PageSize, Fp8, Causal> {
+  using T = WgmmaTile<BlockN, PageSize, Fp8, Causal>;
+  using T::BN;
+  using T::kGroupBytes;
+  using T::kStageBytes;
+  using T::kOffKv;
   static constexpr int kPStride = (BN + 8) * 2;               // P tile, 16-bit, padded (ldmatrix)
   // V as the 16-bit B operand of PV: 8-key groups are kVGroupBytes apart (the LBO).
   static constexpr int kVGroupBytes = Fp8 ? 8 * kVDim * 2 : kGroupBytes;
   static constexpr int kStages = Stages;
   static constexpr bool kSw64 = false;                        // KV stages: interleaved layout (k_desc)
 
-  static constexpr int kQBytes = kRows * kRowBytes;
-  static constexpr int kStageBytes = BN * kRowBytes;
   static constexpr int kVBytes = Fp8 ? BN * kVDim * 2 : 0;
   static constexpr int kPBytes = kRows * kPStride;
-  static constexpr int kRedBytes = 2 * 2 * kRows * 4;
 
-  static constexpr int kOffQ = 0;
-  static constexpr int kOffKv = kOffQ + kQBytes;
   static constexpr int kOffV = kOffKv + kStages * kStageBytes;
   static constexpr int kOffP = kOffV + kVBytes;
   static constexpr int kOffRed = kOffP + kPBytes;
   // wgmma_ws: full[kStages] then empty[kStages] mbarriers (8 bytes each).
-  static constexpr int kOffBar = kOffRed + kRedBytes;
+  static constexpr int kOffBar = kOffRed + T::kRedBytes;
   static constexpr int kSmemBytes = kOffBar + 2 * kStages * 8;
 
-  static_assert(BN == 64, "the wgmma main loop runs block_n 64 (N = 32 keys per warpgroup)");
   static_assert(Stages >= 2 && Stages <= 3, "2 or 3 KV stages");
-  static_assert(P >= 1 && P <= 256 && (P & (P - 1)) == 0, "page_size must be a power of two <= 256");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
   static_assert(kOffKv % 128 == 0 && kOffV % 128 == 0 && kStageBytes % 128 == 0, "core matrices are 128-byte aligned");
-  static constexpr int kLog2P = (P == 1) ? 0 : (P == 2) ? 1 : (P == 4) ? 2 : (P == 8) ? 3 :
-                                (P == 16) ? 4 : (P == 32) ? 5 : (P == 64) ? 6 : (P == 128) ? 7 : 8;
 };
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
@@ -135,8 +145,9 @@ __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 7, 256;
 // Pins an accumulator register in program order around wgmma issue / wait (CUTLASS
 // warpgroup_fence_operand): no read or write of it is moved across.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-template <int R, int C>
-__device__ __forceinline__ void fence_operands(float (&x)[R][C]) {
+__device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+template <class E, int R, int C>
+__device__ __forceinline__ void fence_operands(E (&x)[R][C]) {
 #pragma unroll
   for (int i = 0; i < R; ++i)
 #pragma unroll
