@@ -171,6 +171,14 @@ struct RowState {
 };
 
 // ---- global -> shared loads ------------------------------------------------------------------
+// Physical row of virtual token v in the [num_pages * P, 576] pool: kv_indices[v / P] * P +
+// v % P (64-bit: pools over 2^31 bytes). The one page lookup of every KV loader.
+template <class C>
+__device__ __forceinline__ int64_t kv_pool_row(const int* __restrict__ kv_indices, int v) {
+  const int64_t page = __ldg(kv_indices + (v >> C::kLog2P));
+  return (page << C::kLog2P) + (v & (C::P - 1));
+}
+
 // Q rows of the CTA: row R < valid_rows reads q row (qo_start*H + row_base + R); the rest are
 // zero-filled (ragged q lengths and padded tiles never read past their batch).
 template <class C>
@@ -200,9 +208,7 @@ __device__ __forceinline__ void load_kv_tile(uint8_t* smem, int stage, const uin
     const bool ok = v < kv_tok_end;
     const uint8_t* src = kv;
     if (ok) {
-      const int64_t page = __ldg(kv_indices + (v >> C::kLog2P));
-      const int64_t row = (page << C::kLog2P) + (v & (C::P - 1));
-      src = kv + row * (int64_t)C::kRowBytes + ch * 16;
+      src = kv + kv_pool_row<C>(kv_indices, v) * (int64_t)C::kRowBytes + ch * 16;
     }
     cp_async_16(base + r * C::kKvStride + ch * 16, src, ok ? 16 : 0);
   }

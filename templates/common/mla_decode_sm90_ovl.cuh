@@ -123,8 +123,7 @@ __device__ __forceinline__ void produce_kv_tile_tma(uint32_t stage_addr, uint32_
     row[i] = 0;
     if (b < boxes) {
       const int v = tok0 + (b / kBlocks) * C::kTmaRows;
-      const int64_t page = __ldg(kv_indices + (v >> C::kLog2P));
-      row[i] = static_cast<int>((page << C::kLog2P) + (v & (C::P - 1)));
+      row[i] = static_cast<int>(kv_pool_row<C>(kv_indices, v));
     }
   }
   wg::mbar_wait(bar_empty, empty_parity);

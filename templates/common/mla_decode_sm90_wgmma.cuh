@@ -284,9 +284,7 @@ __device__ __forceinline__ void load_kv_tile(uint8_t* smem, int stage, const uin
     const bool ok = v < kv_tok_end;
     const uint8_t* src = kv;
     if (ok) {
-      const int64_t page = __ldg(kv_indices + (v >> C::kLog2P));
-      const int64_t row = (page << C::kLog2P) + (v & (C::P - 1));
-      src = kv + row * (int64_t)C::kRowBytes + col;
+      src = kv + kv_pool_row<C>(kv_indices, v) * (int64_t)C::kRowBytes + col;
     }
     cp_async_16(base + off, src, ok ? 16 : 0);
   }
@@ -340,8 +338,7 @@ __device__ __forceinline__ void produce_kv_tile(uint8_t* smem, int stage, const 
     ok[g] = v < kv_tok_end;
     src[g] = kv;
     if (ok[g]) {
-      const int64_t page = __ldg(kv_indices + (v >> C::kLog2P));
-      src[g] = kv + ((page << C::kLog2P) + (v & (C::P - 1))) * (int64_t)C::kRowBytes + (2 * h + lo) * 16;
+      src[g] = kv + kv_pool_row<C>(kv_indices, v) * (int64_t)C::kRowBytes + (2 * h + lo) * 16;
     }
   }
   produce_groups<C, 0>(dst, src, ok);
