@@ -76,12 +76,15 @@ BLOCK_N = {"fp8": 64, "bf16": 32}
 #: roles with softmax(t) overlapping PV(t-1), PV in e4m3 with P rounded to fp8 as AITER does,
 #: on a V^T tile the spare producer warps transpose) and "wgmma_ot" (fp8 only: PV computed
 #: transposed, O^T = V^T P^T, with V^T built in registers from the KV tile: no transpose pass;
-#: 4 KV stages). The fp8 TMA loops load KV tiles by TMA for page_size >= 8.
-MAINLOOPS = ("mma", "wgmma", "wgmma_ws", "wgmma_ovl", "wgmma_ot")
+#: 4 KV stages) and "wgmma_seesaw" (fp8 only: wgmma_ot's transposed PV with the two consumer
+#: warpgroups scoring alternate tiles at N = 64, FlashMLA's seesaw: one warpgroup's softmax runs
+#: under the other's PV). The fp8 TMA loops load KV tiles by TMA for page_size >= 8.
+MAINLOOPS = ("mma", "wgmma", "wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw")
 
 #: Main loop -> the kv dtypes it has a kernel for.
 MAINLOOP_DTYPES = {"mma": ("fp8", "bf16"), "wgmma": ("fp8", "bf16"), "wgmma_ws": ("fp8", "bf16"),
-                   "wgmma_ovl": ("fp8",), "wgmma_ot": ("fp8",)}
+                   "wgmma_ovl": ("fp8",), "wgmma_ot": ("fp8",),
+                   "wgmma_seesaw": ("fp8",)}
 
 #: dtype -> the main loop ``decode_variant`` picks when none is asked for. fp8: wgmma_ot,
 #: measured on the H200 (decode + reduce, CUDA graph, same run; docs/perf/notes.md, issue 6
@@ -91,6 +94,9 @@ MAINLOOP_DTYPES = {"mma": ("fp8", "bf16"), "wgmma": ("fp8", "bf16"), "wgmma_ws":
 #: bf16: wgmma_ws (the fp8 loops' PV is an e4m3 wgmma); wgmma_ws was 1.1x wgmma, which was
 #: 1.3-1.5x mma (changes 1-2).
 DEFAULT_MAINLOOP = {"fp8": "wgmma_ot", "bf16": "wgmma_ws"}
+
+#: Main loops whose 128-row works run both 64-row CTAs at once (see ``launch_grid_x``).
+PAIRED_HALF_LOOPS = ("wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw")
 
 _DEFAULT_SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
 
@@ -167,7 +173,7 @@ def launch_grid_x(params: dict, clusters: int) -> int:
     """grid.x of the decode launch for a variant ``params`` and ``clusters`` work lists.
 
     The kernel runs grid (grid_x, block_m / 64); CTA x walks clusters x, x + grid_x, ...
-    ``wgmma_ws`` / ``wgmma_ovl`` / ``wgmma_ot`` with block_m 128 launch ceil(clusters / 2) so that the two 64-row CTAs of
+    The producer-warp loops (``PAIRED_HALF_LOOPS``) with block_m 128 launch ceil(clusters / 2) so that the two 64-row CTAs of
     a work run at the same time on the ~num_cu SMs (one CTA fits an SM) and the second reads the
     KV from L2 (FlashMLA sizes its grid the same way: num_sm_parts = num_sms / m_blocks); with
     grid_x = clusters the second halves would run as a second wave and read the KV from HBM
@@ -176,7 +182,7 @@ def launch_grid_x(params: dict, clusters: int) -> int:
     Args: ``params`` a ``decode_variant`` dict; ``clusters`` >= 1 (``arch.num_clusters``).
     Returns an int in [1, clusters]. Raises KeyError when ``params`` lacks mainloop / block_m.
     """
-    if params["mainloop"] in ("wgmma_ws", "wgmma_ovl", "wgmma_ot") and params["block_m"] == 128:
+    if params["mainloop"] in PAIRED_HALF_LOOPS and params["block_m"] == 128:
         return max(1, (clusters + 1) // 2)
     return clusters
 

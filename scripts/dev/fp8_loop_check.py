@@ -3,7 +3,8 @@
 usage: python3 scripts/dev/fp8_loop_check.py build|build_time|acc|time|phase OUTDIR
   env OVL_LOOP  the loop under test (default wgmma_ovl); CMP_LOOPS  loops timed after wgmma_ws
   acc   : accuracy of OVL_LOOP vs the float64 reference on 20 cases (exit 1 on a failure)
-  time  : CUDA-graph timings (decode + reduce, median of 20 replays of 8 calls), wgmma_ws first
+  time  : CUDA-graph timings (decode + reduce, median of 20 replays of 8 calls), wgmma_ws first;
+          TIME_N: only the first N cases
   phase : clock() phases of an instrumented build (scripts/dev/fp8_loop_probe.py TEMPLATES_OUT,
           then AITER_MLA_TEMPLATES_DIR=TEMPLATES_OUT); PHASE_N cases
 """
@@ -158,7 +159,7 @@ if mode == "acc":
 
 if mode == "time":
     rows = [f"{'case':24s} " + " ".join(f"{n:>12s}" for n in LOOPS) + f" {'speedup':>8s} {'TB/s':>7s} {'TFLOPS':>7s} {'rel_l2(new,ws)':>14s}"]
-    for name, h, q, P, dt, b, ctx in TIMES:
+    for name, h, q, P, dt, b, ctx in TIMES[:int(os.environ.get("TIME_N", len(TIMES)))]:
         c = T.make_case(h, q, P, dt, [ctx] * b, seed=1, spare_pages=0)
         bufs = T.plan(c)
         us, outs = [], []

@@ -284,19 +284,13 @@ __device__ __forceinline__ void scale_rows(float (&o)[C::kOTiles][4], const floa
   }
 }
 
-// The max half of the online softmax for one tile (exp2 domain): scales the scores, masks keys at
-// or beyond each row's key_end to -inf, agrees the new row max with the partner warp (through
-// shared memory, one pair barrier), and returns the factor O and l must be multiplied by
-// (scale_o) and the reference each p = exp2(s - m_ref) uses. A row whose max is still -inf uses
-// 0 as reference, so p = 0 and the factor is 0 (no NaN from -inf - -inf).
+// Scales this thread's scores to the exp2 domain, masks keys at or past each row's key_end to
+// -inf (kbase: the virtual token of s[0][0]; s[j][e] is key kbase + 8 j + (e & 1)) and returns
+// the max of each of its two rows over the quad (the 4 lanes sharing the rows).
 template <class C>
-__device__ __forceinline__ void softmax_row_max(float (&s)[C::kSTiles][4], RowState& st, float (&scale_o)[2],
-                                                float (&m_ref)[2], uint8_t* smem, int tok0, float scale_log2,
-                                                int group, int half, int lane) {
-  float* red_max = reinterpret_cast<float*>(smem + C::kOffRed);   // [2][64]
-  const int r0 = group * 16 + (lane >> 2);
-  const int kbase = tok0 + half * (C::BN / 2) + (lane & 3) * 2;
-  float mx[2] = {-INFINITY, -INFINITY};
+__device__ __forceinline__ void masked_quad_max(float (&s)[C::kSTiles][4], const RowState& st, int kbase,
+                                                float scale_log2, float (&mx)[2]) {
+  mx[0] = mx[1] = -INFINITY;
 #pragma unroll
   for (int j = 0; j < C::kSTiles; ++j) {
 #pragma unroll
@@ -313,6 +307,21 @@ __device__ __forceinline__ void softmax_row_max(float (&s)[C::kSTiles][4], RowSt
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
   }
+}
+
+// The max half of the online softmax for one tile (exp2 domain): scales the scores, masks keys at
+// or beyond each row's key_end to -inf, agrees the new row max with the partner warp (through
+// shared memory, one pair barrier), and returns the factor O and l must be multiplied by
+// (scale_o) and the reference each p = exp2(s - m_ref) uses. A row whose max is still -inf uses
+// 0 as reference, so p = 0 and the factor is 0 (no NaN from -inf - -inf).
+template <class C>
+__device__ __forceinline__ void softmax_row_max(float (&s)[C::kSTiles][4], RowState& st, float (&scale_o)[2],
+                                                float (&m_ref)[2], uint8_t* smem, int tok0, float scale_log2,
+                                                int group, int half, int lane) {
+  float* red_max = reinterpret_cast<float*>(smem + C::kOffRed);   // [2][64]
+  const int r0 = group * 16 + (lane >> 2);
+  float mx[2];
+  masked_quad_max<C>(s, st, tok0 + half * (C::BN / 2) + (lane & 3) * 2, scale_log2, mx);
   if ((lane & 3) == 0) {
     red_max[half * kRows + r0] = mx[0];
     red_max[half * kRows + r0 + 8] = mx[1];

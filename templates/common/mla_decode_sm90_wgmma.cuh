@@ -179,6 +179,23 @@ __device__ __forceinline__ void wgmma_qk(float (&s)[4][4], uint64_t da, uint64_t
   }
 }
 
+// S[64 x 64] = (ScaleD ? S : 0) + A[64 x 32 bytes] . B[64 keys x 32 bytes]^T, e4m3 (the seesaw
+// loop: one warpgroup scores a whole 64-key tile, mla_decode_sm90_seesaw.cuh).
+template <bool Fp8, int ScaleD>
+__device__ __forceinline__ void wgmma_qk(float (&s)[8][4], uint64_t da, uint64_t db) {
+  static_assert(Fp8, "the N = 64 QK wgmma is e4m3 only");
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, %34, 1, 1;\n"
+      : "+f"(s[0][0]), "+f"(s[0][1]), "+f"(s[0][2]), "+f"(s[0][3]), "+f"(s[1][0]), "+f"(s[1][1]), "+f"(s[1][2]), "+f"(s[1][3]),
+        "+f"(s[2][0]), "+f"(s[2][1]), "+f"(s[2][2]), "+f"(s[2][3]), "+f"(s[3][0]), "+f"(s[3][1]), "+f"(s[3][2]), "+f"(s[3][3]),
+        "+f"(s[4][0]), "+f"(s[4][1]), "+f"(s[4][2]), "+f"(s[4][3]), "+f"(s[5][0]), "+f"(s[5][1]), "+f"(s[5][2]), "+f"(s[5][3]),
+        "+f"(s[6][0]), "+f"(s[6][1]), "+f"(s[6][2]), "+f"(s[6][3]), "+f"(s[7][0]), "+f"(s[7][1]), "+f"(s[7][2]), "+f"(s[7][3])
+      : "l"(da), "l"(db), "n"(ScaleD));
+}
+
 // The 128 accumulator operands of an m64n256 wgmma, written once for every input type (also
 // used by the overlapped loop's e4m3 PV, mla_decode_sm90_ovl.cuh).
 #define AITER_MLA_PV_ACC_REGS \
