@@ -224,6 +224,44 @@ static inline cudaError_t aiter_mla_select_device(int device) {
   return cudaSuccess;
 }
 
+// ---- programmatic dependent launch (PDL, sm_90+) ------------------------------------------
+// The metadata, decode and reduce kernels are launched with programmatic stream serialization:
+// a kernel may start (CTA launch, barrier set-up) while the previous kernel in the stream is
+// still finishing, and waits in aiter_mla_wait_prior_grid() for that kernel's completion and
+// memory before it reads anything. Every CTA waits, even one with no work: a grid that
+// completed without waiting would let the kernel after it overtake the one before it.
+// aiter_mla_launch_dependents() lets the next kernel launch early. No-ops elsewhere (AMD, or
+// a launch without the attribute: the wait then returns at once).
+__device__ __forceinline__ void aiter_mla_wait_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void aiter_mla_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+#if defined(AITER_MLA_NVIDIA)
+// kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute (CUDA graphs capture
+// it as a programmatic edge).
+template <typename... KArgs, typename... Args>
+static inline cudaError_t aiter_mla_launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                               cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+}
+#endif
+
 AITER_MLA_EXPORT const char* aiter_mla_error_string(int err) {
   return cudaGetErrorString(static_cast<cudaError_t>(err));
 }
