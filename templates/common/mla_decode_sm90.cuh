@@ -168,6 +168,8 @@ struct RowState {
   float m[2];        // running max in log2 units (shared by the warp pair)
   float l[2];        // partial row sum over this thread's keys
   int key_end[2];    // first invisible virtual token for the row (causal / tail / invalid row)
+  int full_end;      // a tile ending at or before it needs no key mask: every valid row of the CTA
+                     // sees all its keys (padded rows then score finite keys: unused, unwritten)
 };
 
 // ---- global -> shared loads ------------------------------------------------------------------
@@ -286,20 +288,31 @@ __device__ __forceinline__ void scale_rows(float (&o)[C::kOTiles][4], const floa
 
 // Scales this thread's scores to the exp2 domain, masks keys at or past each row's key_end to
 // -inf (kbase: the virtual token of s[0][0]; s[j][e] is key kbase + 8 j + (e & 1)) and returns
-// the max of each of its two rows over the quad (the 4 lanes sharing the rows).
+// the max of each of its two rows over the quad (the 4 lanes sharing the rows). A tile that ends
+// by st.full_end (tile_end, uniform) skips the per-key compare.
 template <class C>
 __device__ __forceinline__ void masked_quad_max(float (&s)[C::kSTiles][4], const RowState& st, int kbase,
-                                                float scale_log2, float (&mx)[2]) {
+                                                int tile_end, float scale_log2, float (&mx)[2]) {
   mx[0] = mx[1] = -INFINITY;
+  if (tile_end <= st.full_end) {
 #pragma unroll
-  for (int j = 0; j < C::kSTiles; ++j) {
+    for (int j = 0; j < C::kSTiles; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int h = e >> 1;
-      const int key = kbase + j * 8 + (e & 1);
-      const float v = key < st.key_end[h] ? s[j][e] * scale_log2 : -INFINITY;
-      s[j][e] = v;
-      mx[h] = fmaxf(mx[h], v);
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] *= scale_log2;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+      }
+  } else {
+#pragma unroll
+    for (int j = 0; j < C::kSTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        const int key = kbase + j * 8 + (e & 1);
+        const float v = key < st.key_end[h] ? s[j][e] * scale_log2 : -INFINITY;
+        s[j][e] = v;
+        mx[h] = fmaxf(mx[h], v);
+      }
     }
   }
 #pragma unroll
@@ -321,7 +334,7 @@ __device__ __forceinline__ void softmax_row_max(float (&s)[C::kSTiles][4], RowSt
   float* red_max = reinterpret_cast<float*>(smem + C::kOffRed);   // [2][64]
   const int r0 = group * 16 + (lane >> 2);
   float mx[2];
-  masked_quad_max<C>(s, st, tok0 + half * (C::BN / 2) + (lane & 3) * 2, scale_log2, mx);
+  masked_quad_max<C>(s, st, tok0 + half * (C::BN / 2) + (lane & 3) * 2, tok0 + C::BN, scale_log2, mx);
   if ((lane & 3) == 0) {
     red_max[half * kRows + r0] = mx[0];
     red_max[half * kRows + r0 + 8] = mx[1];

@@ -50,6 +50,12 @@ __device__ __forceinline__ int p_offset(int row, int pos) {
   return (row >> 3) * 512 + (pos >> 4) * 128 + (row & 7) * 16 + (pos & 15);
 }
 
+// Where softmax stores P: the thread's pair of keys key0 + 8 j, +1 (key0 = its first key, even,
+// a multiple of 32 plus 2 (lane % 4)) of rows r0 and r0 + 8 lie at p_row(r0, key0) +
+// p_step(j) and + 512 + p_step(j): p_pos moves n8 tile j by 16 (j / 2) + 2 (j % 2) positions.
+__device__ __forceinline__ int p_row(int r0, int key0) { return p_offset(r0, ovl::p_pos(key0)); }
+__device__ __forceinline__ constexpr int p_step(int j) { return (j >> 1) * 128 + (j & 1) * 2; }
+
 // This warp's A fragments of PV for the tile in `stage`: a[mb][kk] for m-block mb, k32 step kk.
 // Keys at or past `valid` (tile tail: not loaded, or a TMA box's rows past the work's end,
 // possibly NaN) become 0 so that P = 0 never meets them.
@@ -102,11 +108,10 @@ __device__ __forceinline__ void softmax_p(float (&s)[C::kSTiles][4], RowState& s
   float scale_o[2], mx[2];
   softmax_row_max<C>(s, st, scale_o, mx, smem, tok0, scale_log2, group, half, lane);
   float sum[2];
-  uint8_t* p = smem + C::kOffP + buf * C::kPBytes;
+  uint8_t* p = smem + C::kOffP + buf * C::kPBytes + p_row(r0, half * (C::BN / 2) + (lane & 3) * 2);
   exp_scores<C>(s, mx, sum, [&](int j, float p0, float p1, float p2, float p3) {
-    const int pos = ovl::p_pos(half * (C::BN / 2) + j * 8 + (lane & 3) * 2);
-    *reinterpret_cast<__nv_fp8x2_storage_t*>(p + p_offset(r0, pos)) = ovl::e4m3x2(p0, p1);
-    *reinterpret_cast<__nv_fp8x2_storage_t*>(p + p_offset(r0 + 8, pos)) = ovl::e4m3x2(p2, p3);
+    *reinterpret_cast<__nv_fp8x2_storage_t*>(p + p_step(j)) = ovl::e4m3x2(p0, p1);
+    *reinterpret_cast<__nv_fp8x2_storage_t*>(p + 512 + p_step(j)) = ovl::e4m3x2(p2, p3);
   });
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * scale_o[h] + sum[h];

@@ -64,11 +64,10 @@ template <class C>
 __device__ __forceinline__ void write_p(const float (&s)[C::kSTiles][4], const float (&ref)[2], uint8_t* smem, int buf,
                                         int group, int lane, float (&sum)[2]) {
   const int r0 = group * 16 + (lane >> 2);
-  uint8_t* p = smem + C::kOffP + buf * C::kPBytes;
+  uint8_t* p = smem + C::kOffP + buf * C::kPBytes + ot::p_row(r0, (lane & 3) * 2);
   exp_scores<C>(s, ref, sum, [&](int j, float p0, float p1, float p2, float p3) {
-    const int pos = ovl::p_pos(j * 8 + (lane & 3) * 2);
-    *reinterpret_cast<__nv_fp8x2_storage_t*>(p + ot::p_offset(r0, pos)) = ovl::e4m3x2(p0, p1);
-    *reinterpret_cast<__nv_fp8x2_storage_t*>(p + ot::p_offset(r0 + 8, pos)) = ovl::e4m3x2(p2, p3);
+    *reinterpret_cast<__nv_fp8x2_storage_t*>(p + ot::p_step(j)) = ovl::e4m3x2(p0, p1);
+    *reinterpret_cast<__nv_fp8x2_storage_t*>(p + 512 + ot::p_step(j)) = ovl::e4m3x2(p2, p3);
   });
 }
 
@@ -134,7 +133,7 @@ __device__ __forceinline__ void qk_chunk(float (&d)[C::kSTiles][4], uint32_t q_a
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) {
     const int kk = Chunk * kChunk + i;
-    const uint64_t da = wg::make_desc(q_addr + kk * 256, 128, C::kGroupBytes);
+    const uint64_t da = wg::q_desc<C>(q_addr, kk);
     const uint64_t db = wg::k_desc<C>(k_addr, kk);
     if (i == 0) {
       wg::wgmma_qk<true, 0>(d, da, db);
@@ -178,7 +177,7 @@ __device__ __forceinline__ void role_a(float (&o)[C::kOTiles][4], uint32_t (&a)[
     float s[C::kSTiles][4];
     qk_tile<C>(s, smem, bar_full, su_a);
     float mx[2], ref[2], f[2], sum[2];
-    masked_quad_max<C>(s, st, tok_a + (lane & 3) * 2, scale_log2, mx);
+    masked_quad_max<C>(s, st, tok_a + (lane & 3) * 2, tok_a + C::BN, scale_log2, mx);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float m_new = fmaxf(st.m[h], mx[h]);
@@ -219,7 +218,7 @@ __device__ __forceinline__ void role_b(float (&o)[C::kOTiles][4], uint32_t (&a)[
   float mx[2] = {-INFINITY, -INFINITY};
   if (has_b) {
     qk_tile<C>(s, smem, bar_full, su_b);
-    masked_quad_max<C>(s, st, tok_b + (lane & 3) * 2, scale_log2, mx);
+    masked_quad_max<C>(s, st, tok_b + (lane & 3) * 2, tok_b + C::BN, scale_log2, mx);
   }
   bar_wait(kBarA);           // P_a, f_a, m_a written
   pv_tile<C>(o, a, smem, bar_full, bar_empty, su_a, 0, 1, group, lane, valid_a);

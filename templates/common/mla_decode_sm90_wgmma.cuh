@@ -408,13 +408,22 @@ template <class C>
 __device__ __forceinline__ uint32_t k_half_offset(int half) {
   return C::kSw64 ? half * (C::BN / 2) * 64 : half * (C::BN / 16) * C::kGroupBytes;
 }
+// Descriptors of step kk are the step-0 descriptor plus the step's byte offset / 16 in the
+// address field (shared-memory addresses < 2^18 B: the 14-bit field never carries), so the
+// unrolled chunks add constants instead of rebuilding each descriptor.
+template <class C>
+__device__ __forceinline__ constexpr uint32_t k_step_bytes(int kk) {
+  return C::kSw64 ? (kk >> 1) * (C::BN * 64) + (kk & 1) * 32 : kk * 256;
+}
 template <class C>
 __device__ __forceinline__ uint64_t k_desc(uint32_t k_addr, int kk) {
-  if constexpr (C::kSw64) {
-    return make_desc(k_addr + (kk >> 1) * (C::BN * 64) + (kk & 1) * 32, 16, 512) | (2ull << 62);
-  } else {
-    return make_desc(k_addr + kk * 256, 128, C::kGroupBytes);
-  }
+  const uint64_t d0 = C::kSw64 ? make_desc(k_addr, 16, 512) | (2ull << 62) : make_desc(k_addr, 128, C::kGroupBytes);
+  return d0 + (k_step_bytes<C>(kk) >> 4);
+}
+// A operand (Q, interleaved layout) of QK step kk.
+template <class C>
+__device__ __forceinline__ uint64_t q_desc(uint32_t q_addr, int kk) {
+  return make_desc(q_addr, 128, C::kGroupBytes) + static_cast<uint64_t>(kk * 256 >> 4);
 }
 
 template <class C, int Chunk>
@@ -424,7 +433,7 @@ __device__ __forceinline__ void qk_issue_chunk(QkAcc<C>& a, uint32_t q_addr, uin
 #pragma unroll
   for (int i = 0; i < QkAcc<C>::kChunk; ++i) {
     const int kk = Chunk * QkAcc<C>::kChunk + i;
-    const uint64_t da = make_desc(q_addr + kk * 256, 128, C::kGroupBytes);
+    const uint64_t da = q_desc<C>(q_addr, kk);
     const uint64_t db = k_desc<C>(k_addr, kk);
     if (i == 0) {
       wgmma_qk<C::kFp8, 0>(a.acc[kB], da, db);
