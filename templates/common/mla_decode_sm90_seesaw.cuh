@@ -182,7 +182,7 @@ __device__ __forceinline__ void role_a(float (&o)[C::kOTiles][4], uint32_t (&a)[
     for (int h = 0; h < 2; ++h) {
       const float m_new = fmaxf(st.m[h], mx[h]);
       ref[h] = max_ref(m_new);
-      f[h] = exp2f(st.m[h] - ref[h]);
+      f[h] = fast_exp2(st.m[h] - ref[h]);
       st.m[h] = m_new;
     }
     write_p<C>(s, ref, smem, 0, group, lane, sum);
@@ -229,7 +229,7 @@ __device__ __forceinline__ void role_b(float (&o)[C::kOTiles][4], uint32_t (&a)[
     const float f_a = row_factor<C>(smem, 0)[r0 + 8 * h];
     const float m_new = fmaxf(m_a, mx[h]);
     ref[h] = max_ref(m_new);
-    f[h] = exp2f(m_a - ref[h]);
+    f[h] = fast_exp2(m_a - ref[h]);
     st.l[h] *= f_a * f[h];
     st.m[h] = m_new;
   }
