@@ -88,7 +88,8 @@ MAINLOOP_DTYPES = {"mma": ("fp8", "bf16"), "wgmma": ("fp8", "bf16"), "wgmma_ws":
 
 #: dtype -> the main loop ``decode_variant`` picks when none is asked for. fp8: wgmma_ot,
 #: measured on the H200 (decode + reduce, CUDA graph, same run; docs/perf/notes.md, issue 6
-#: changes 3-5): fp8 (128,1) b64 ctx 8192 301.2 us against wgmma_ovl 323.7 and wgmma_ws 445.5;
+#: changes 3-8; after change 8, same run: 275.6 us against wgmma_seesaw 365.4, wgmma_ws 432.4):
+#: fp8 (128,1) b64 ctx 8192 301.2 us against wgmma_ovl 323.7 and wgmma_ws 445.5;
 #: (16,1) b128 ctx 8192 265.0 / 299.7 / 411.3; (64,1) b128 ctx 8192 292.0 / 314.0 / 434.8;
 #: (128,1) b1 ctx 21 11.2 / 13.4 / 13.3; 20/20 accuracy cases and the persistent tests pass.
 #: bf16: wgmma_ws (the fp8 loops' PV is an e4m3 wgmma); wgmma_ws was 1.1x wgmma, which was
