@@ -415,19 +415,15 @@ template <class C>
 __device__ __forceinline__ constexpr uint32_t k_step_bytes(int kk) {
   return C::kSw64 ? (kk >> 1) * (C::BN * 64) + (kk & 1) * 32 : kk * 256;
 }
-// The offset only touches the low word (address and LBO fields), so it is a 32-bit add.
-__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) {
-  return (d & 0xffffffff00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(d) + (bytes >> 4));
-}
 template <class C>
 __device__ __forceinline__ uint64_t k_desc(uint32_t k_addr, int kk) {
   const uint64_t d0 = C::kSw64 ? make_desc(k_addr, 16, 512) | (2ull << 62) : make_desc(k_addr, 128, C::kGroupBytes);
-  return desc_add(d0, k_step_bytes<C>(kk));
+  return d0 + (k_step_bytes<C>(kk) >> 4);
 }
 // A operand (Q, interleaved layout) of QK step kk.
 template <class C>
 __device__ __forceinline__ uint64_t q_desc(uint32_t q_addr, int kk) {
-  return desc_add(make_desc(q_addr, 128, C::kGroupBytes), kk * 256);
+  return make_desc(q_addr, 128, C::kGroupBytes) + static_cast<uint64_t>(kk * 256 >> 4);
 }
 
 template <class C, int Chunk>
