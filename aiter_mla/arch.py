@@ -60,10 +60,13 @@ def _device_multiprocessors(device_index: int) -> int:
 def num_cu(device=None) -> int:
     """Multiprocessor count of ``device`` (132 on an H200); ``CU_NUM`` overrides it.
 
-    Raises RuntimeError when no GPU is visible and ``CU_NUM`` is unset.
+    Raises RuntimeError when no GPU is visible and ``CU_NUM`` is unset, ValueError when
+    ``CU_NUM`` is set to anything but a positive integer.
     """
     override = env.get_int("CU_NUM", 0)
-    if override > 0:
+    if env.get("CU_NUM") is not None:
+        if override <= 0:
+            raise ValueError(f"environment variable CU_NUM must be a positive integer, got {env.get('CU_NUM')!r}")
         return override
     import torch
 

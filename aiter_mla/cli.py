@@ -56,6 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         kill_running_builds()
         print("interrupted", file=sys.stderr)
         return 143 if isinstance(exc, _Terminated) else 130
+    except BrokenPipeError:
+        # The reader went away (`aiter-mla metadata ... | head`): stop quietly, as a tool
+        # killed by SIGPIPE would (128 + 13); stdout goes to devnull so that the interpreter's
+        # final flush does not raise again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:  # every failure exits non-zero with a one-line reason
         print(f"aiter-mla {args.command}: error: {exc}", file=sys.stderr)
         return 1

@@ -73,3 +73,16 @@ def test_int_parsing_follows_aiter(monkeypatch):
     for value, on in (("0", False), ("", False), ("abc", False), ("1", True), (" 2 ", True)):
         monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", value)
         assert env.get_flag("AITER_ENABLE_EXPERIMENTAL") is on
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-4", "1.5"])
+def test_cu_num_must_be_a_positive_integer(monkeypatch, value):
+    """CU_NUM sizes the schedule: a value that is not a positive integer is an error naming it
+    (it used to read 0 as "unset" and then say CU_NUM was unset)."""
+    from aiter_mla import arch
+
+    monkeypatch.setenv("CU_NUM", value)
+    with pytest.raises(ValueError, match=f"CU_NUM must be .*{value!r}"):
+        arch.num_cu()
+    monkeypatch.setenv("CU_NUM", "80")
+    assert arch.num_cu() == 80

@@ -4,6 +4,7 @@ Each test names the public report it guards against (jit_cache_practices.md §7)
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -166,6 +167,11 @@ def test_sigkilled_builder_does_not_block_next_caller(fake_jit, mode, marker):
     finally:
         os.killpg(a.pid, signal.SIGKILL)
         a.communicate()
+    # The compiler runs in its own session (a SIGKILLed builder cannot take it down): kill the
+    # fake one here so that the test leaves no process behind (half_hang sleeps 120 s).
+    for line in fake_jit.builds():
+        with contextlib.suppress(ProcessLookupError, ValueError, IndexError):
+            os.kill(int(line.split()[1]), signal.SIGKILL)
     assert not (fake_jit.root / "entries").exists() or not list((fake_jit.root / "entries").iterdir())
     t0 = time.monotonic()
     out = fake_jit.run_child(CHILD_LOAD.format(n=1), {"AITER_MLA_LOCK_TIMEOUT": "20"}).stdout

@@ -183,3 +183,31 @@ def test_malformed_disable_jit_fails_every_command(fake_jit, monkeypatch, capsys
     assert "AITER_MLA_DISABLE_JIT" in capsys.readouterr().err
     with pytest.raises(ValueError, match="AITER_MLA_DISABLE_JIT"):
         core.variant_key("fake", arch="sm_90a", n=1, flavor="a")
+
+
+def test_closed_pipe_stops_quietly(fake_jit):
+    """`aiter-mla metadata ... | head -1`: the reader leaving is not an error message (141 =
+    128 + SIGPIPE, what a tool killed by the signal reports)."""
+    p = subprocess.Popen([sys.executable, "-m", "aiter_mla", "metadata", "--batch", "4096", "--ctx", "8192",
+                          "--works"], env=fake_jit.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141
+    assert first.startswith(b"schedule:")
+    assert "error" not in err and "Traceback" not in err, err
+
+
+def test_module_function_follows_the_signature_asked_for(fake_jit):
+    """Asking for an entry point again with another signature gives that signature (it was
+    cached by symbol alone, so the first caller's argtypes silently won)."""
+    import ctypes
+
+    mod = core.get_module("fake", arch="sm_90a", n=1, flavor="a")
+    a = mod.function("aiter_mla_fake_answer", [], ctypes.c_int)
+    b = mod.function("aiter_mla_fake_answer", [], ctypes.c_long)
+    assert a is mod.function("aiter_mla_fake_answer", [], ctypes.c_int)
+    assert a.restype is ctypes.c_int and b.restype is ctypes.c_long
+    assert a() == 42 and b() == 42
+    with pytest.raises(TypeError):
+        mod.function("aiter_mla_fake_answer", [int], ctypes.c_int)

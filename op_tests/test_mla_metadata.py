@@ -827,3 +827,23 @@ def test_gpu_to_buffers_matches_kernel(monkeypatch):
                                        cfg["heads"], None, None)
     ref_bufs = to_buffers(s, alloc(info, device="cuda"))
     compare_buffers(ref_bufs, s, len(cfg["lens"]))
+
+
+def test_dtype_arguments_are_the_kernels_dtypes(monkeypatch):
+    """q_dtype / kv_dtype (info) and dtype_q / dtype_kv (op) take fp8 e4m3fn, bf16 or None;
+    float32 was accepted silently although no decode kernel takes it."""
+    monkeypatch.setenv("CU_NUM", "132")
+    with pytest.raises(ValueError, match="q_dtype must be torch.float8_e4m3fn or torch.bfloat16.*float32"):
+        md.get_mla_metadata_info_v1(2, 1, 16, torch.float32, None)
+    with pytest.raises(TypeError, match="kv_dtype must be a torch.dtype"):
+        md.get_mla_metadata_info_v1(2, 1, 16, None, "fp8")
+    bufs = alloc(md.get_mla_metadata_info_v1(2, 1, 16, torch.bfloat16, torch.float8_e4m3fn))
+    i32 = dict(dtype=torch.int32)
+    args = (torch.tensor([0, 1, 2], **i32), torch.tensor([0, 2, 3], **i32), torch.tensor([3, 3], **i32), 16, 1,
+            True, bufs[0], bufs[2], bufs[1], bufs[3], bufs[4], bufs[5])  # AITER's order: info_set, indptr
+    with pytest.raises(ValueError, match="dtype_kv must be .*float16"):
+        md.get_mla_metadata_v1(*args, max_seqlen_qo=1, dtype_kv=torch.float16)
+    short_kv = (args[0], torch.tensor([0, 2], **i32)) + args[2:]
+    with pytest.raises(ValueError, match=r"seqlens_qo_indptr and seqlens_kv_indptr must have the same "
+                                         r"length \(num_batches \+ 1\), got 3 and 2"):
+        md.get_mla_metadata_v1(*short_kv, max_seqlen_qo=1)

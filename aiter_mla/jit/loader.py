@@ -27,27 +27,32 @@ class Module:
         except OSError as exc:
             raise ModuleLoadError(f"could not load {name} {self.params} from {lib_path}: {exc}") \
                 from None
-        self._fns: dict[str, object] = {}
+        self._fns: dict[tuple, object] = {}
         self._error_string = None
 
     def function(self, symbol: str, argtypes, restype=ctypes.c_int):
-        """The C entry point ``symbol`` with its ctypes signature set (cached per symbol).
+        """The C entry point ``symbol`` with the ctypes signature given (cached per symbol and
+        signature: asking again with another signature gives a new handle with that one, and
+        the earlier handle keeps its own).
 
         ``argtypes``: ctypes types of the arguments; ``restype``: the return type
         (``c_int``: a ``cudaError_t``, 0 = success). Raises :class:`ModuleLoadError` when the
-        library does not export ``symbol``.
+        library does not export ``symbol``, and ctypes' ``TypeError`` for an argument type that
+        is not a ctypes type.
         """
-        fn = self._fns.get(symbol)
+        argtypes = tuple(argtypes)
+        key = (symbol, argtypes, restype)
+        fn = self._fns.get(key)
         if fn is None:
             try:
-                fn = getattr(self._lib, symbol)
+                fn = self._lib[symbol]   # a fresh handle (attribute access shares one per symbol)
             except AttributeError:
                 raise ModuleLoadError(
                     f"module {self.name} ({self.lib_path}) exports no symbol {symbol!r}"
                 ) from None
             fn.argtypes = list(argtypes)
             fn.restype = restype
-            self._fns[symbol] = fn
+            self._fns[key] = fn
         return fn
 
     def error_string(self, code: int) -> str:

@@ -107,6 +107,19 @@ def _unsupported_modes(*, is_sparse: bool, fast_mode: bool, intra_batch_mode: bo
                                   "use fast_mode=True")
 
 
+def _check_dtype_args(**dtypes) -> None:
+    """Each given dtype is None or one the decode kernels take (fp8 e4m3fn, bf16)."""
+    import torch
+
+    for name, dtype in dtypes.items():
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(f"{name} must be a torch.dtype (e.g. torch.float8_e4m3fn or "
+                            f"torch.bfloat16) or None, got {type(dtype).__name__} {dtype!r}")
+        if dtype is not None and dtype not in (torch.float8_e4m3fn, torch.bfloat16):
+            raise ValueError(f"{name} must be torch.float8_e4m3fn or torch.bfloat16 (the dtypes "
+                             f"the decode kernels take) or None, got {dtype}")
+
+
 def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype,
                              is_sparse=False, fast_mode=True, num_kv_splits=32,
                              intra_batch_mode=False):
@@ -138,10 +151,7 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     _unsupported_modes(is_sparse=is_sparse, fast_mode=fast_mode,
                        intra_batch_mode=intra_batch_mode)
     check_int("batch_size", batch_size)
-    for name, dtype in (("q_dtype", q_dtype), ("kv_dtype", kv_dtype)):
-        if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise TypeError(f"{name} must be a torch.dtype (e.g. torch.float8_e4m3fn or "
-                            f"torch.bfloat16) or None, got {type(dtype).__name__} {dtype!r}")
+    _check_dtype_args(q_dtype=q_dtype, kv_dtype=kv_dtype)
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
     check_scalars(num_heads=num_head_qo, num_clusters=1, page_size=1, kv_granularity=1,
@@ -336,6 +346,7 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
 
     _unsupported_modes(is_sparse=topk is not None and topk >= 0, fast_mode=fast_mode,
                        intra_batch_mode=intra_batch_mode)
+    _check_dtype_args(dtype_q=dtype_q, dtype_kv=dtype_kv)
     if max_seqlen_qo is None or max_seqlen_qo <= 0:
         if uni_seqlen_qo is None or uni_seqlen_qo <= 0:
             raise ValueError(
@@ -360,8 +371,9 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     if nb < 0:
         raise ValueError("seqlens_kv_indptr must have num_batches + 1 >= 1 entries, got 0")
     if seqlens_qo_indptr.numel() != nb + 1:
-        raise ValueError(f"seqlens_qo_indptr must have {nb + 1} entries (as seqlens_kv_indptr), "
-                         f"got {seqlens_qo_indptr.numel()}")
+        # Both give the batch count; name both, the caller knows which one is wrong.
+        raise ValueError(f"seqlens_qo_indptr and seqlens_kv_indptr must have the same length "
+                         f"(num_batches + 1), got {seqlens_qo_indptr.numel()} and {nb + 1}")
     if kv_last_page_lens.numel() < nb:
         raise ValueError(f"kv_last_page_lens must have >= {nb} entries, got "
                          f"{kv_last_page_lens.numel()}")

@@ -4,6 +4,9 @@ garbage; never run the tests on them). usage: python3 scripts/dev/ot_knockout.py
   noexp  : probabilities without the exponential (p = s - m)
   nopv   : no PV wgmma (fragments, barrier and rescale kept)
   noqk   : no QK wgmma (promotion adds kept)
+  nopair : no row-max exchange barrier between the two warpgroups' warps (pair_sync)
+  nocta  : no consumer barrier before PV (P of both warpgroups)
+  nofrag : no ldmatrix for the V^T fragments (registers left as they are)
 """
 import os
 import shutil
@@ -24,6 +27,14 @@ EDITS = {
     } else {
       wgmma_qk<C::kFp8, 1>(a.acc[kB], da, db);
     }""", "    (void)da; (void)db;"),
+    "nopair": ("common/mla_decode_sm90.cuh", """    red_max[half * kRows + r0 + 8] = mx[1];
+  }
+  pair_sync(group);""", """    red_max[half * kRows + r0 + 8] = mx[1];
+  }"""),
+    "nocta": ("mla_decode.cu.j2", "          mla::wg::consumer_sync();       // P(t) and the factors of all rows written\n", ""),
+    "nofrag": ("common/mla_decode_sm90_ot.cuh",
+               "        ldmatrix_x4_trans(d, src + (x >> 2) * (C::BN * 64) + kk * 32 * 64 + ((((x & 3) ^ sw)) << 4));",
+               "        d[0] = d[1] = d[2] = d[3] = src + x;"),
 }
 rel, old, new = EDITS[opt]
 p = os.path.join(dst, rel)
