@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from . import env
 
-        env.get_flag("AITER_MLA_DISABLE_JIT")   # a malformed value is an error on every command
+        env.check_values()   # a malformed variable is an error on every command
         rc = args.func(args)
     except KeyboardInterrupt as exc:
         from .jit.toolchain import kill_running_builds

@@ -25,30 +25,36 @@ class EnvVar:
     #: AITER's ``atoi`` rule (a non-numeric value reads as 0) instead of an error. Only for
     #: AITER's own knobs, so the same environment means the same thing to both packages.
     lenient: bool = False
+    #: What a set value must parse as, checked for every command by :func:`check_values`:
+    #: "flag" (get_flag), "int" / "positive int" (get_int), "seconds" (a number >= 0), or
+    #: "text" (anything).
+    kind: str = "text"
 
 
 _REGISTRY: dict[str, EnvVar] = {}
 
 
 def _declare(name: str, key_changing: bool, default: str | None, doc: str,
-             lenient: bool = False) -> None:
-    _REGISTRY[name] = EnvVar(name, key_changing, default, doc, lenient)
+             lenient: bool = False, kind: str = "text") -> None:
+    _REGISTRY[name] = EnvVar(name, key_changing, default, doc, lenient, kind)
 
 
 # --- where and whether we build (neutral: the artifact is the same) ---
 _declare("AITER_MLA_CACHE_DIR", False, None, "JIT cache root (default ~/.cache/aiter_mla)")
-_declare("AITER_MLA_DISABLE_JIT", False, "0", "1: load only what is already built; never compile")
+_declare("AITER_MLA_DISABLE_JIT", False, "0", "1: load only what is already built; never compile",
+         kind="flag")
 _declare("AITER_REBUILD", False, "0", "AITER's knob: >=1 rebuilds each module once per process",
-         lenient=True)
-_declare("AITER_MLA_LOCK_TIMEOUT", False, "900", "seconds to wait for another process's build")
+         lenient=True, kind="flag")
+_declare("AITER_MLA_LOCK_TIMEOUT", False, "900", "seconds to wait for another process's build",
+         kind="seconds")
 _declare("AITER_MLA_NVCC", False, None, "path of nvcc (else CUDA_HOME/bin/nvcc, else PATH)")
 _declare("CUDA_HOME", False, None, "CUDA toolkit root, searched for nvcc")
 _declare("CUDA_PATH", False, None, "CUDA toolkit root (Windows-style name), searched for nvcc")
 _declare("ROCM_PATH", False, None, "ROCm root, searched for hipcc")
 _declare("AITER_MLA_CLANG", False, None, "clang used for the gfx942 compile-only check")
 _declare("HIP_KITTENS_DIR", False, None, "existing HipKittens checkout (verified against the pin)")
-_declare("AITER_MLA_VERBOSE", False, "0", "1: log every build command")
-_declare("MAX_JOBS", False, None, "parallel builds for 'aiter-mla jit build -j'")
+_declare("AITER_MLA_VERBOSE", False, "0", "1: log every build command", kind="flag")
+_declare("MAX_JOBS", False, None, "parallel builds for 'aiter-mla jit build -j' (0: the default)", kind="int")
 _declare("HOME", False, None, "home folder, for the default cache root")
 _declare("XDG_CACHE_HOME", False, None, "base of the default cache root when set")
 _declare("AITER_MLA_CONFIG", False, None, "jit_config.json to use instead of the repository's")
@@ -58,12 +64,12 @@ _declare("AITER_MLA_GIT", False, None, "git used by 'aiter-mla deps fetch' (else
 # --- what we schedule and launch (runtime policy, not codegen) ---
 _declare("AITER_ENABLE_EXPERIMENTAL", False, "0",
          "AITER's knob, parsed as an int: non-zero doubles the m16x4 cluster count",
-         lenient=True)
-_declare("CU_NUM", False, None, "AITER's override of the multiprocessor count")
+         lenient=True, kind="flag")
+_declare("CU_NUM", False, None, "AITER's override of the multiprocessor count", kind="positive int")
 # --- what changes the artifact (key-changing) ---
 _declare("AITER_MLA_EXTRA_NVCC_FLAGS", True, "", "extra nvcc flags appended to every build")
 _declare("AITER_MLA_EXTRA_HIP_FLAGS", True, "", "extra hipcc/clang flags appended to every build")
-_declare("AITER_MLA_LINEINFO", True, "0", "1: build with -lineinfo (profilers)")
+_declare("AITER_MLA_LINEINFO", True, "0", "1: build with -lineinfo (profilers)", kind="flag")
 
 
 def registry() -> dict[str, EnvVar]:
@@ -158,6 +164,24 @@ def get_flag(name: str) -> bool:
             raise ValueError(f"environment variable {name} must be 0 or 1 (or true/false, "
                              f"yes/no, on/off), got {value!r}") from None
     return get_int(name, 0) != 0
+
+
+def check_values() -> None:
+    """Parses every declared variable that is set by its kind and raises ValueError naming
+    the first malformed one (the CLI runs this before every command, so a typo such as
+    ``AITER_MLA_LOCK_TIMEOUT=-1`` fails at once instead of at the first build)."""
+    for name, var in sorted(_REGISTRY.items()):
+        if os.environ.get(name) in (None, ""):
+            continue
+        if var.kind == "flag":
+            get_flag(name)
+        elif var.kind == "int":
+            get_int(name)
+        elif var.kind == "positive int":
+            if get_int(name) <= 0:
+                raise ValueError(f"environment variable {name} must be a positive integer, got {get(name)!r}")
+        elif var.kind == "seconds":
+            get_float(name, 0.0, minimum=0.0)
 
 
 def child_environ(**overrides: str) -> dict[str, str]:

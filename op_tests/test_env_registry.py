@@ -86,3 +86,32 @@ def test_cu_num_must_be_a_positive_integer(monkeypatch, value):
         arch.num_cu()
     monkeypatch.setenv("CU_NUM", "80")
     assert arch.num_cu() == 80
+
+
+def test_every_variable_has_a_kind():
+    assert {v.kind for v in env.registry().values()} <= {"flag", "int", "positive int", "seconds", "text"}
+
+
+@pytest.mark.parametrize("name, bad, good", [
+    ("AITER_MLA_LOCK_TIMEOUT", "-1", "5"), ("AITER_MLA_VERBOSE", "maybe", "yes"), ("CU_NUM", "0", "132"),
+    ("MAX_JOBS", "x", "0"), ("AITER_MLA_LINEINFO", "2x", "1"), ("AITER_MLA_DISABLE_JIT", "maybe", "0"),
+])
+def test_check_values_names_a_malformed_variable(monkeypatch, capsys, name, bad, good):
+    """Every command checks every set variable by its kind first (`aiter-mla info` with
+    AITER_MLA_LOCK_TIMEOUT=-1 used to pass, and the first build failed later)."""
+    from aiter_mla.cli import main
+
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(ValueError, match=f"{name} must .*{bad!r}"):
+        env.check_values()
+    assert main(["info", "--json"]) == 1
+    assert name in capsys.readouterr().err
+    monkeypatch.setenv(name, good)
+    env.check_values()
+
+
+def test_aiter_knobs_keep_atoi(monkeypatch):
+    monkeypatch.setenv("AITER_REBUILD", "abc")
+    monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", "on")
+    env.check_values()
+    assert not env.get_flag("AITER_REBUILD") and not env.get_flag("AITER_ENABLE_EXPERIMENTAL")
