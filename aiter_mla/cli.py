@@ -24,7 +24,21 @@ def build_parser() -> argparse.ArgumentParser:
     jit_commands.register(sub)
     metadata_dump.register(sub)
     bench_commands.register(sub)
+    parser.leaves = {}
+    _mark_leaves(parser, parser.leaves)
     return parser
+
+
+def _mark_leaves(parser: argparse.ArgumentParser, leaves: dict) -> None:
+    """Each sub-command's parser records its name as ``_leaf`` (and ``leaves`` maps it to the
+    parser), so that an unknown argument is reported with that sub-command's usage (argparse
+    reports it with the top-level one)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                child.set_defaults(_leaf=child.prog)
+                leaves[child.prog] = child
+                _mark_leaves(child, leaves)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -39,7 +53,10 @@ def _terminate(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        parser.leaves.get(getattr(args, "_leaf", None), parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     import signal
     import threading
 

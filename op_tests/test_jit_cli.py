@@ -211,3 +211,11 @@ def test_module_function_follows_the_signature_asked_for(fake_jit):
     assert a() == 42 and b() == 42
     with pytest.raises(TypeError):
         mod.function("aiter_mla_fake_answer", [int], ctypes.c_int)
+
+
+def test_unknown_argument_gets_its_subcommands_usage(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["jit", "clear", "convert_fp8", "--param", "arch=sm_90a"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: aiter-mla jit clear" in err and "unrecognized arguments: --param arch=sm_90a" in err
