@@ -518,8 +518,8 @@ def test_sweep_orchestration_on_cpu_with_a_stand_in_op(monkeypatch, tmp_path):
             fn()
         if func is md_ops.get_mla_metadata_v1:
             return Timing(2.0, 10, per_sample, "graph")
-        return Timing(20.0 if getattr(func, "__name__", "") == "decode" else 40.0, 10, per_sample,
-                      "graph")
+        name = getattr(func, "__name__", "")
+        return Timing({"decode": 20.0, "step": 15.0}.get(name, 40.0), 10, per_sample, "graph")
 
     monkeypatch.setattr(sweep, "time_calls", timer)
 
@@ -547,6 +547,8 @@ def test_sweep_orchestration_on_cpu_with_a_stand_in_op(monkeypatch, tmp_path):
         assert "error" not in row, row.get("error")
         assert row["us"] == 20.0 and row["metadata_us"] == 2.0
         assert row["per_layer_us"] == pytest.approx(20.0 + 2.0 / 61)
+        # tiny rows (floor < STEP_MAX_FLOOR_US) also time the whole step in one graph
+        assert row["floor_us"] < sweep.STEP_MAX_FLOOR_US and row["step_us"] == 15.0
         assert row["ref_ok"] and row["ref_rel_err"] < 4e-3  # bf16 rounding of the output only
         assert row["peers"] == {"zero_bf16": 40.0} and row["peer_ratio"] == {"zero_bf16": 0.5}
         assert row["peer_ref_rel_err"]["zero_bf16"] == pytest.approx(1.0)
@@ -555,6 +557,8 @@ def test_sweep_orchestration_on_cpu_with_a_stand_in_op(monkeypatch, tmp_path):
     doc = report.build_results("c", "cpu stand-in", {}, CEIL, rows)
     paths = report.write_outputs(doc, tmp_path)
     assert json.loads(paths["json"].read_text())["rows"][2]["error"].startswith("RuntimeError")
+    md_text = paths["md"].read_text()
+    assert "| step µs |" in md_text and "| 15.0 |" in md_text
 
 
 def test_mainloop_flag_selects_the_ops_loop_or_refuses(monkeypatch, capsys):

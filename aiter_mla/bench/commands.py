@@ -285,6 +285,7 @@ def bench(args: argparse.Namespace) -> int:
         args.commit or environment.commit(exclude=args.output), environment.machine(), environment.versions(peers), ceilings, rows,
         notes=notes, jit=jit,
         config={"command": command_line(args), "timing": TIMING_TEXT, "layers": sweep.LAYERS,
+                "step_max_floor_us": sweep.STEP_MAX_FLOOR_US,
                 "sm_scale": inputs.deepseek_v3_sm_scale(), "l2_bytes": l2,
                 "pool_tokens": pool_tokens, "check_max_ctx": sweep.CHECK_MAX_CTX,
                 "check_requests": sweep.CHECK_REQUESTS, "check_tol": sweep.CHECK_TOL,

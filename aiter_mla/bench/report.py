@@ -103,12 +103,15 @@ def _table(rows: list[dict], short: bool = False) -> tuple[list[str], list[list[
     has_seed = any("seed_mi355_us" in r for r in rows)
     has_fm = any("flashmla_h200_us" in r for r in rows)
     varlen = any(r["varlen"] for r in rows)
+    has_step = any("step_us" in r for r in rows)
     if short:
         names = ["meta µs", "dec+red µs", "layer µs", "total µs", "TFLOPS", "TB/s", "floor µs",
                  "frac", "ref err"]
     else:
         names = ["metadata µs", "decode+reduce µs", "per-layer µs", "total µs", "TFLOPS", "TB/s",
                  "floor µs", "frac floor", "ref rel-L2"]
+    if has_step:   # after "total": the same step chained in one graph
+        names.insert(names.index("total µs") + 1, "step µs")
     headers = ["batch", "ctx"] + (["Σkv", "max kv"] if varlen else []) + names
     for c in peer_cols:
         headers += [f"{c} µs", f"ours/{c}"]
@@ -130,9 +133,10 @@ def _table(rows: list[dict], short: bool = False) -> tuple[list[str], list[list[
         ref = _err(r.get("ref_rel_err"))
         if r.get("ref_ok") is False:
             ref += " FAIL"
-        line += [_f(r.get("metadata_us")), _f(r["us"]), _f(r.get("per_layer_us")),
-                 _f(r.get("total_us")), _f(r["tflops"], 0), _f(r["tbps"], 2),
-                 _f(r.get("floor_us")), _f(r["frac_floor"], 2), ref]
+        line += [_f(r.get("metadata_us")), _f(r["us"]), _f(r.get("per_layer_us")), _f(r.get("total_us"))]
+        if has_step:
+            line.append(_f(r.get("step_us")))
+        line += [_f(r["tflops"], 0), _f(r["tbps"], 2), _f(r.get("floor_us")), _f(r["frac_floor"], 2), ref]
         for c in peer_cols:
             line += [_f(r["peers"].get(c)), _f(r.get("peer_ratio", {}).get(c), 2)]
         if has_seed:
@@ -222,7 +226,10 @@ def render_markdown(doc: dict, tag: str = "") -> str:
             "read once + Q + O (bf16). frac floor = floor / measured (1.0 is the limit). "
             "decode+reduce is `mla_decode_fwd` with a plan (what `us`, TFLOPS, TB/s and frac floor "
             f"use); per-layer = decode+reduce + metadata / {cfg.get('layers', 61)} (one plan serves "
-            "every layer of a decode step); total = metadata + decode+reduce.",
+            "every layer of a decode step); total = metadata + decode+reduce, timed apart; step = "
+            "the same three kernels chained in one CUDA graph (rows with a floor under "
+            f"{cfg.get('step_max_floor_us', 20):g} µs), where each may start while the one before it "
+            "finishes.",
             "", "Timing: " + cfg.get("timing", ""), ""]
     notes = collect_notes(doc)
     out += ["## Peers and notes", ""]
