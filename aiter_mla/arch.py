@@ -63,10 +63,8 @@ def num_cu(device=None) -> int:
     Raises RuntimeError when no GPU is visible and ``CU_NUM`` is unset, ValueError when
     ``CU_NUM`` is set to anything but a positive integer.
     """
-    override = env.get_int("CU_NUM", 0)
-    if env.get("CU_NUM") is not None:
-        if override <= 0:
-            raise ValueError(f"environment variable CU_NUM must be a positive integer, got {env.get('CU_NUM')!r}")
+    override = env.get_int("CU_NUM", 0)   # declared a positive int: 0 here means unset
+    if override:
         return override
     import torch
 

@@ -115,18 +115,21 @@ def get_int(name: str, default: int = 0) -> int:
     AITER's knobs (``AITER_ENABLE_EXPERIMENTAL``, ``AITER_REBUILD``) follow AITER's ``atoi``
     rule: a non-numeric value counts as ``default`` ("abc" is off). Every other variable
     raises ValueError naming the variable and the bad value, so a typo never silently
-    changes behaviour.
+    changes behaviour; a variable declared a "positive int" (``CU_NUM``) also must be > 0.
     """
     var = _lookup(name)
     value = get(name)
     if value is None:
         return default
     try:
-        return int(value.strip())
+        number = int(value.strip())
     except ValueError:
         if var.lenient:
             return default
         raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+    if var.kind == "positive int" and number <= 0:
+        raise ValueError(f"environment variable {name} must be a positive integer, got {value!r}")
+    return number
 
 
 def get_float(name: str, default: float, minimum: float | None = None) -> float:
@@ -175,11 +178,8 @@ def check_values() -> None:
             continue
         if var.kind == "flag":
             get_flag(name)
-        elif var.kind == "int":
+        elif var.kind in ("int", "positive int"):
             get_int(name)
-        elif var.kind == "positive int":
-            if get_int(name) <= 0:
-                raise ValueError(f"environment variable {name} must be a positive integer, got {get(name)!r}")
         elif var.kind == "seconds":
             get_float(name, 0.0, minimum=0.0)
 

@@ -144,7 +144,7 @@ class _Plan:
 
 
 def _plan(name: str, params: dict) -> _Plan:
-    env.get_flag("AITER_MLA_DISABLE_JIT")   # malformed values fail on cache hits too, not only misses
+    env.check_values()   # malformed variables fail on cache hits too, not only misses
     cfg = load_config()
     mcfg = cfg.module(name)
     params = mcfg.check_params(params)
