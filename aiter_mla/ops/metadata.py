@@ -108,14 +108,16 @@ def _unsupported_modes(*, is_sparse: bool, fast_mode: bool, intra_batch_mode: bo
 
 
 def _check_dtype_args(**dtypes) -> None:
-    """Each given dtype is None or one the decode kernels take (fp8 e4m3fn, bf16)."""
+    """Each given dtype is None or one the decode kernels take (``decode.SUPPORTED_DTYPES``)."""
     import torch
+
+    from .decode import SUPPORTED_DTYPES
 
     for name, dtype in dtypes.items():
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise TypeError(f"{name} must be a torch.dtype (e.g. torch.float8_e4m3fn or "
                             f"torch.bfloat16) or None, got {type(dtype).__name__} {dtype!r}")
-        if dtype is not None and dtype not in (torch.float8_e4m3fn, torch.bfloat16):
+        if dtype is not None and dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"{name} must be torch.float8_e4m3fn or torch.bfloat16 (the dtypes "
                              f"the decode kernels take) or None, got {dtype}")
 
