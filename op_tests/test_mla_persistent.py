@@ -254,13 +254,13 @@ def test_variant_selection():
 
 
 def test_launch_grid_x():
-    """The producer-warp loops (wgmma_ws / _ovl / _ot / _seesaw) run both 64-row halves of a 128-row work at once (grid.x = ceil(clusters / 2));
+    """The producer-warp loops (wgmma_ws / _ovl / _ot / _seesaw / _rs) run both 64-row halves of a 128-row work at once (grid.x = ceil(clusters / 2));
     every other variant launches one CTA column per cluster."""
     for loop in dec.MAINLOOPS:
         for heads, qlen in [(128, 1), (16, 1), (16, 4)]:
             v = dec.decode_variant(heads, qlen, 64, FP8, FP8, mainloop=loop)
             for clusters in (1, 7, 132):
-                paired = loop in ("wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw") and v["block_m"] == 128
+                paired = loop in ("wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw", "wgmma_rs") and v["block_m"] == 128
                 want = (clusters + 1) // 2 if paired else clusters
                 assert dec.launch_grid_x(v, clusters) == want
 

@@ -78,13 +78,16 @@ BLOCK_N = {"fp8": 64, "bf16": 32}
 #: transposed, O^T = V^T P^T, with V^T built in registers from the KV tile: no transpose pass;
 #: 4 KV stages) and "wgmma_seesaw" (fp8 only: wgmma_ot's transposed PV with the two consumer
 #: warpgroups scoring alternate tiles at N = 64, FlashMLA's seesaw: one warpgroup's softmax runs
-#: under the other's PV). The fp8 TMA loops load KV tiles by TMA for page_size >= 8.
-MAINLOOPS = ("mma", "wgmma", "wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw")
+#: under the other's PV) and "wgmma_rs" (fp8 only: the warpgroups split the CTA's rows, 32 each,
+#: and run QK and PV transposed with the rows as N, meeting only at the KV stages; measured
+#: 1.05-1.08x wgmma_ot where one warpgroup holds every real row ((16,1), (32,1), batch >= 128),
+#: 1.25x slower at (128,1)). The fp8 TMA loops load KV tiles by TMA for page_size >= 8.
+MAINLOOPS = ("mma", "wgmma", "wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw", "wgmma_rs")
 
 #: Main loop -> the kv dtypes it has a kernel for.
 MAINLOOP_DTYPES = {"mma": ("fp8", "bf16"), "wgmma": ("fp8", "bf16"), "wgmma_ws": ("fp8", "bf16"),
                    "wgmma_ovl": ("fp8",), "wgmma_ot": ("fp8",),
-                   "wgmma_seesaw": ("fp8",)}
+                   "wgmma_seesaw": ("fp8",), "wgmma_rs": ("fp8",)}
 
 #: dtype -> the main loop ``decode_variant`` picks when none is asked for. fp8: wgmma_ot,
 #: measured on the H200 (decode + reduce, CUDA graph, same run; docs/perf/notes.md, issue 6
@@ -97,7 +100,7 @@ MAINLOOP_DTYPES = {"mma": ("fp8", "bf16"), "wgmma": ("fp8", "bf16"), "wgmma_ws":
 DEFAULT_MAINLOOP = {"fp8": "wgmma_ot", "bf16": "wgmma_ws"}
 
 #: Main loops whose 128-row works run both 64-row CTAs at once (see ``launch_grid_x``).
-PAIRED_HALF_LOOPS = ("wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw")
+PAIRED_HALF_LOOPS = ("wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw", "wgmma_rs")
 
 _DEFAULT_SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
 

@@ -21,6 +21,7 @@ import op_tests.test_mla_persistent as T  # noqa: E402
 from aiter_mla.ops import decode as dec  # noqa: E402
 from aiter_mla.reference import relative_l2  # noqa: E402
 from aiter_mla.jit import get_module  # noqa: E402
+from scripts.dev.graph_timing import time_case  # noqa: E402
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
 mode, outdir = sys.argv[1], sys.argv[2]
@@ -112,26 +113,6 @@ def accuracy(loop, heads, qlen, P, dtype, kv_lens, qo_lens, seed, cu_num):
                 f"rel_l2={err:.3e} tol={tol:.2e} lse_err={lerr:.3e} finite={finite} {'OK' if ok else 'FAIL'}")
 
 
-def time_case(c, bufs, heads, reps=20, calls=8):
-    o = torch.empty((c.q.shape[0], heads, 512), dtype=torch.bfloat16, device="cuda")
-    T.decode_with(c, bufs, o, lse_out=False)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            T.decode_with(c, bufs, o, lse_out=False)
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / calls)
-    ts.sort()
-    return ts[len(ts) // 2], o
 
 
 
