@@ -290,6 +290,30 @@ def test_shapes(warm, mainloop, heads, qlen, page_size, dtype):
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("sm_scale", [-SM_SCALE, 0.0])
+@pytest.mark.parametrize("heads,qlen,page_size", [(128, 1, 64), (16, 4, 16)])
+def test_sm_scale_sign(warm, mainloop, heads, qlen, page_size, sm_scale, dtype):
+    """A scale <= 0 is exact too: the kernels fold the scale into the exponent only when it is
+    positive (max(s) * scale = max(s * scale) needs scale > 0)."""
+    c = make_case(heads, qlen, page_size, DTYPES[dtype], [1200, 70, 333], seed=5)
+    o = torch.full((c.q.shape[0], c.heads, DV), float("nan"), dtype=torch.bfloat16, device=c.q.device)
+    _, lse = aiter_mla.mla_decode_fwd(
+        c.q, c.kv, o, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens, c.max_seqlen_q,
+        page_size=c.page_size, sm_scale=sm_scale, q_scale=c.q_scale, kv_scale=c.kv_scale, return_lse=True)
+    torch.cuda.synchronize()
+    kw = dict(sm_scale=sm_scale, q_scale=c.q_scale, kv_scale=c.kv_scale)
+    args = (c.q, c.kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens)
+    ref_out, ref_lse = mla_decode_ref(*args, **kw)
+    assert bool(torch.isfinite(o).all())
+    err = relative_l2(o, ref_out)
+    tol = tolerance(c.q.dtype, ref_out, mla_decode_ref(*args, fp8_p=True, **kw)[0] if c.q.dtype == FP8 else None)
+    assert err <= tol, f"sm_scale {sm_scale}: relative L2 {err:.3e} > {tol:.3e}"
+    assert lse_error(lse, ref_lse) <= 2e-3
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("ctx", [1, 21, 64, 513, 1200, 8192])
 @pytest.mark.parametrize("batch", [1, 3, 16, 128])
 @pytest.mark.parametrize("heads,qlen", [(128, 1), (16, 4)])

@@ -295,22 +295,24 @@ __device__ __forceinline__ void scale_rows(float (&o)[C::kOTiles][4], const floa
   }
 }
 
-// Scales this thread's scores to the exp2 domain, masks keys at or past each row's key_end to
-// -inf (kbase: the virtual token of s[0][0]; s[j][e] is key kbase + 8 j + (e & 1)) and returns
-// the max of each of its two rows over the quad (the 4 lanes sharing the rows). A tile that ends
-// by st.full_end (tile_end, uniform) skips the per-key compare.
+// Masks keys at or past each row's key_end to -inf (kbase: the virtual token of s[0][0];
+// s[j][e] is key kbase + 8 j + (e & 1)) and returns in mx the max of each of its two rows over
+// the quad (the 4 lanes sharing the rows), in the exp2 domain. Returns the factor the scores
+// still need (exp_scores applies it): a tile that ends by st.full_end (tile_end, uniform) with
+// a positive scale leaves them unscaled (max(s) * scale = max(s * scale), so the scale costs
+// one multiply per row here and rides in each probability's FFMA); otherwise they are masked
+// and scaled here and the factor is 1 (any scale sign stays exact).
 template <class C>
-__device__ __forceinline__ void masked_quad_max(float (&s)[C::kSTiles][4], const RowState& st, int kbase,
-                                                int tile_end, float scale_log2, float (&mx)[2]) {
+__device__ __forceinline__ float masked_quad_max(float (&s)[C::kSTiles][4], const RowState& st, int kbase,
+                                                 int tile_end, float scale_log2, float (&mx)[2]) {
   mx[0] = mx[1] = -INFINITY;
-  if (tile_end <= st.full_end) {
+  float sc = 1.f;
+  if (tile_end <= st.full_end && scale_log2 > 0.f) {
 #pragma unroll
     for (int j = 0; j < C::kSTiles; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] *= scale_log2;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
-      }
+      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+    sc = scale_log2;
   } else {
 #pragma unroll
     for (int j = 0; j < C::kSTiles; ++j) {
@@ -328,22 +330,25 @@ __device__ __forceinline__ void masked_quad_max(float (&s)[C::kSTiles][4], const
   for (int h = 0; h < 2; ++h) {
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    mx[h] *= sc;
   }
+  return sc;
 }
 
-// The max half of the online softmax for one tile (exp2 domain): scales the scores, masks keys at
-// or beyond each row's key_end to -inf, agrees the new row max with the partner warp (through
+// The max half of the online softmax for one tile (exp2 domain): masks keys at or beyond each
+// row's key_end to -inf (masked_quad_max), agrees the new row max with the partner warp (through
 // shared memory, one pair barrier), and returns the factor O and l must be multiplied by
-// (scale_o) and the reference each p = exp2(s - m_ref) uses. A row whose max is still -inf uses
-// 0 as reference, so p = 0 and the factor is 0 (no NaN from -inf - -inf).
+// (scale_o) and the reference each p = exp2(s * sc - m_ref) uses; returns sc (masked_quad_max).
+// A row whose max is still -inf uses 0 as reference, so p = 0 and the factor is 0 (no NaN from
+// -inf - -inf).
 template <class C>
-__device__ __forceinline__ void softmax_row_max(float (&s)[C::kSTiles][4], RowState& st, float (&scale_o)[2],
-                                                float (&m_ref)[2], uint8_t* smem, int tok0, float scale_log2,
-                                                int group, int half, int lane) {
+__device__ __forceinline__ float softmax_row_max(float (&s)[C::kSTiles][4], RowState& st, float (&scale_o)[2],
+                                                 float (&m_ref)[2], uint8_t* smem, int tok0, float scale_log2,
+                                                 int group, int half, int lane) {
   float* red_max = reinterpret_cast<float*>(smem + C::kOffRed);   // [2][64]
   const int r0 = group * 16 + (lane >> 2);
   float mx[2];
-  masked_quad_max<C>(s, st, tok0 + half * (C::BN / 2) + (lane & 3) * 2, tok0 + C::BN, scale_log2, mx);
+  const float sc = masked_quad_max<C>(s, st, tok0 + half * (C::BN / 2) + (lane & 3) * 2, tok0 + C::BN, scale_log2, mx);
   if ((lane & 3) == 0) {
     red_max[half * kRows + r0] = mx[0];
     red_max[half * kRows + r0 + 8] = mx[1];
@@ -357,18 +362,20 @@ __device__ __forceinline__ void softmax_row_max(float (&s)[C::kSTiles][4], RowSt
     scale_o[h] = fast_exp2(st.m[h] - m_ref[h]);
     st.m[h] = m_new;
   }
+  return sc;
 }
 
-// p = exp2(s - m_ref) for this thread's scores (after softmax_row_max); store(j, p0, p1, p2, p3)
-// writes n8 tile j's values (row r0: p0, p1; row r0 + 8: p2, p3); sum gets the two row sums.
+// p = exp2(s * sc - m_ref) for this thread's scores (after softmax_row_max, sc its result);
+// store(j, p0, p1, p2, p3) writes n8 tile j's values (row r0: p0, p1; row r0 + 8: p2, p3);
+// sum gets the two row sums.
 template <class C, class Store>
-__device__ __forceinline__ void exp_scores(const float (&s)[C::kSTiles][4], const float (&m_ref)[2], float (&sum)[2],
-                                           Store store) {
+__device__ __forceinline__ void exp_scores(const float (&s)[C::kSTiles][4], const float (&m_ref)[2], float sc,
+                                           float (&sum)[2], Store store) {
   sum[0] = sum[1] = 0.f;
 #pragma unroll
   for (int j = 0; j < C::kSTiles; ++j) {
-    const float p0 = fast_exp2(s[j][0] - m_ref[0]), p1 = fast_exp2(s[j][1] - m_ref[0]);
-    const float p2 = fast_exp2(s[j][2] - m_ref[1]), p3 = fast_exp2(s[j][3] - m_ref[1]);
+    const float p0 = fast_exp2(fmaf(s[j][0], sc, -m_ref[0])), p1 = fast_exp2(fmaf(s[j][1], sc, -m_ref[0]));
+    const float p2 = fast_exp2(fmaf(s[j][2], sc, -m_ref[1])), p3 = fast_exp2(fmaf(s[j][3], sc, -m_ref[1]));
     sum[0] += p0 + p1;
     sum[1] += p2 + p3;
     store(j, p0, p1, p2, p3);
@@ -383,10 +390,10 @@ __device__ __forceinline__ void softmax_update(float (&s)[C::kSTiles][4], float 
                                                int group, int half, int lane) {
   const int r0 = group * 16 + (lane >> 2);
   float scale_o[2], mx[2];
-  softmax_row_max<C>(s, st, scale_o, mx, smem, tok0, scale_log2, group, half, lane);
+  const float sc = softmax_row_max<C>(s, st, scale_o, mx, smem, tok0, scale_log2, group, half, lane);
   float sum[2];
   uint8_t* p_tile = smem + C::kOffP;
-  exp_scores<C>(s, mx, sum, [&](int j, float p0, float p1, float p2, float p3) {
+  exp_scores<C>(s, mx, sc, sum, [&](int j, float p0, float p1, float p2, float p3) {
     const int col = half * (C::BN / 2) + j * 8 + (lane & 3) * 2;
     *reinterpret_cast<uint32_t*>(p_tile + r0 * C::kPStride + col * 2) = pack2<C::kFp8>(p0, p1);
     *reinterpret_cast<uint32_t*>(p_tile + (r0 + 8) * C::kPStride + col * 2) = pack2<C::kFp8>(p2, p3);

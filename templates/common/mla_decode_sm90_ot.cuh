@@ -59,9 +59,9 @@ __device__ __forceinline__ constexpr int p_step(int j) { return (j >> 1) * 128 +
 // This warp's A fragments of PV for the tile in `stage`: a[mb][kk] for m-block mb, k32 step kk.
 // Keys at or past `valid` (tile tail: not loaded, or a TMA box's rows past the work's end,
 // possibly NaN) become 0 so that P = 0 never meets them.
-template <class C>
-__device__ __forceinline__ void load_vt_frags(uint32_t (&a)[C::kMBlocks][C::BN / 32][4], const uint8_t* smem,
-                                              int stage, int half, int warp_in_wg, int lane, int valid) {
+template <class C, bool Tail>
+__device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C::BN / 32][4], const uint8_t* smem,
+                                                   int stage, int half, int warp_in_wg, int lane, int valid) {
   const int m = lane >> 3, i = lane & 7, r = lane & 3;
   // lane (m, i) addresses key row 8m + i of the 32-key step, in its warp's 16-column chunk
   uint32_t src = smem_addr(smem + C::kOffKv + stage * C::kStageBytes);
@@ -83,7 +83,7 @@ __device__ __forceinline__ void load_vt_frags(uint32_t (&a)[C::kMBlocks][C::BN /
       } else {
         ldmatrix_x4_trans(d, src + kk * 4 * C::kGroupBytes + x * 128);
       }
-      if (valid < (kk + 1) * 32) {
+      if (Tail && valid < (kk + 1) * 32) {
         // low 16 bits of d[q] = key 8q + 2r of the step, high = 8q + 2r + 1 (both columns)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -99,6 +99,18 @@ __device__ __forceinline__ void load_vt_frags(uint32_t (&a)[C::kMBlocks][C::BN /
   }
 }
 
+// Tail = false (every key of the tile valid): no mask code between the ldmatrix, which then
+// issue back to back (a per-load mask branch serialised them).
+template <class C>
+__device__ __forceinline__ void load_vt_frags(uint32_t (&a)[C::kMBlocks][C::BN / 32][4], const uint8_t* smem,
+                                              int stage, int half, int warp_in_wg, int lane, int valid) {
+  if (valid >= C::BN) {
+    load_vt_frags_impl<C, false>(a, smem, stage, half, warp_in_wg, lane, valid);
+  } else {
+    load_vt_frags_impl<C, true>(a, smem, stage, half, warp_in_wg, lane, valid);
+  }
+}
+
 // softmax_row_max, then P(t) as e4m3 into P buffer `buf` (B layout, keys at p_pos), O^T's row
 // factors into scale[buf] (warpgroup 0's quad leaders), l = l * factor + this thread's p sum.
 template <class C>
@@ -106,10 +118,10 @@ __device__ __forceinline__ void softmax_p(float (&s)[C::kSTiles][4], RowState& s
                                           float scale_log2, int group, int half, int lane) {
   const int r0 = group * 16 + (lane >> 2);
   float scale_o[2], mx[2];
-  softmax_row_max<C>(s, st, scale_o, mx, smem, tok0, scale_log2, group, half, lane);
+  const float sc = softmax_row_max<C>(s, st, scale_o, mx, smem, tok0, scale_log2, group, half, lane);
   float sum[2];
   uint8_t* p = smem + C::kOffP + buf * C::kPBytes + p_row(r0, half * (C::BN / 2) + (lane & 3) * 2);
-  exp_scores<C>(s, mx, sum, [&](int j, float p0, float p1, float p2, float p3) {
+  exp_scores<C>(s, mx, sc, sum, [&](int j, float p0, float p1, float p2, float p3) {
     *reinterpret_cast<__nv_fp8x2_storage_t*>(p + p_step(j)) = ovl::e4m3x2(p0, p1);
     *reinterpret_cast<__nv_fp8x2_storage_t*>(p + 512 + p_step(j)) = ovl::e4m3x2(p2, p3);
   });

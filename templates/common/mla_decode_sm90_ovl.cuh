@@ -201,10 +201,10 @@ __device__ __forceinline__ void softmax_p(float (&s)[C::kSTiles][4], RowState& s
                                           int lane) {
   const int r0 = group * 16 + (lane >> 2);
   float mx[2];
-  softmax_row_max<C>(s, st, scale_o, mx, smem, tok0, scale_log2, group, half, lane);
+  const float sc = softmax_row_max<C>(s, st, scale_o, mx, smem, tok0, scale_log2, group, half, lane);
   float sum[2];
   uint8_t* p_row0 = smem + C::kOffP + r0 * C::kPStride;
-  exp_scores<C>(s, mx, sum, [&](int j, float p0, float p1, float p2, float p3) {
+  exp_scores<C>(s, mx, sc, sum, [&](int j, float p0, float p1, float p2, float p3) {
     const int col = p_pos(half * (C::BN / 2) + j * 8 + (lane & 3) * 2);
     *reinterpret_cast<__nv_fp8x2_storage_t*>(p_row0 + col) = e4m3x2(p0, p1);
     *reinterpret_cast<__nv_fp8x2_storage_t*>(p_row0 + 8 * C::kPStride + col) = e4m3x2(p2, p3);

@@ -230,18 +230,20 @@ __device__ __forceinline__ void softmax_pt(float (&s)[4][4], RowState8& st, floa
 #ifdef AITER_MLA_RS_NO_SOFTMAX
   return;
 #endif
-  // Scores stay unscaled: max(s) * scale = max(s * scale) (scale > 0), and each p is one FFMA
-  // plus ex2 below.
-  if (!full) {
+  // Common path: the scores stay unscaled (max(s) * sc = max(s * sc) for sc > 0) and each p is
+  // one FFMA plus ex2 below. A masked tile or a scale <= 0 scales (and masks) here, sc = 1.
+  float sc = scale_log2;
+  if (!full || !(scale_log2 > 0.f)) {
     const int k0 = tok0 + 16 * w + j;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
         const int ke = key_end_of(8 * i + 2 * r + b);
-        if (k0 >= ke) s[i][b] = -INFINITY;
-        if (k0 + 8 >= ke) s[i][b + 2] = -INFINITY;
+        s[i][b] = k0 < ke ? s[i][b] * scale_log2 : -INFINITY;
+        s[i][b + 2] = k0 + 8 < ke ? s[i][b + 2] * scale_log2 : -INFINITY;
       }
+    sc = 1.f;
   }
   float v[8];
 #pragma unroll
@@ -269,7 +271,7 @@ __device__ __forceinline__ void softmax_pt(float (&s)[4][4], RowState8& st, floa
 #else
     const float4 t = *reinterpret_cast<const float4*>(red + (8 * (q >> 1) + 2 * r + (q & 1)) * 4);
 #endif
-    const float m_new = fmaxf(st.m[q], fmaxf(fmaxf(t.x, t.y), fmaxf(t.z, t.w)) * scale_log2);
+    const float m_new = fmaxf(st.m[q], fmaxf(fmaxf(t.x, t.y), fmaxf(t.z, t.w)) * sc);
     m_ref[q] = m_new == -INFINITY ? 0.f : m_new;
     scale_o[q] = fast_exp2(st.m[q] - m_ref[q]);
     changed |= scale_o[q] != 1.f;
@@ -282,11 +284,11 @@ __device__ __forceinline__ void softmax_pt(float (&s)[4][4], RowState8& st, floa
     for (int b = 0; b < 2; ++b) {
       const int q = 2 * i + b;
 #ifdef AITER_MLA_RS_NO_EXP
-      const float p0 = fmaf(s[i][b], scale_log2, -m_ref[q]);
-      const float p1 = fmaf(s[i][b + 2], scale_log2, -m_ref[q]);
+      const float p0 = fmaf(s[i][b], sc, -m_ref[q]);
+      const float p1 = fmaf(s[i][b + 2], sc, -m_ref[q]);
 #else
-      const float p0 = fast_exp2(fmaf(s[i][b], scale_log2, -m_ref[q]));
-      const float p1 = fast_exp2(fmaf(s[i][b + 2], scale_log2, -m_ref[q]));
+      const float p0 = fast_exp2(fmaf(s[i][b], sc, -m_ref[q]));
+      const float p1 = fast_exp2(fmaf(s[i][b + 2], sc, -m_ref[q]));
 #endif
       st.l[q] = st.l[q] * scale_o[q] + (p0 + p1);
 #ifndef AITER_MLA_RS_NO_PSTORE

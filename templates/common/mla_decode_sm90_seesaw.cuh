@@ -59,13 +59,14 @@ __device__ __forceinline__ void bar_wait(int id) { asm volatile("bar.sync %0, 25
 // p = 0 and every factor 2^(m_old - ref) is 0: no -inf - -inf).
 __device__ __forceinline__ float max_ref(float m) { return m == -INFINITY ? 0.f : m; }
 
-// P = 2^(S - ref) as e4m3 into P buffer `buf` (keys at ovl::p_pos); sum = this thread's fp32 sums.
+// P = 2^(S * sc - ref) as e4m3 into P buffer `buf` (keys at ovl::p_pos; sc: masked_quad_max's
+// result); sum = this thread's fp32 sums.
 template <class C>
-__device__ __forceinline__ void write_p(const float (&s)[C::kSTiles][4], const float (&ref)[2], uint8_t* smem, int buf,
-                                        int group, int lane, float (&sum)[2]) {
+__device__ __forceinline__ void write_p(const float (&s)[C::kSTiles][4], const float (&ref)[2], float sc, uint8_t* smem,
+                                        int buf, int group, int lane, float (&sum)[2]) {
   const int r0 = group * 16 + (lane >> 2);
   uint8_t* p = smem + C::kOffP + buf * C::kPBytes + ot::p_row(r0, (lane & 3) * 2);
-  exp_scores<C>(s, ref, sum, [&](int j, float p0, float p1, float p2, float p3) {
+  exp_scores<C>(s, ref, sc, sum, [&](int j, float p0, float p1, float p2, float p3) {
     *reinterpret_cast<__nv_fp8x2_storage_t*>(p + ot::p_step(j)) = ovl::e4m3x2(p0, p1);
     *reinterpret_cast<__nv_fp8x2_storage_t*>(p + 512 + ot::p_step(j)) = ovl::e4m3x2(p2, p3);
   });
@@ -177,7 +178,7 @@ __device__ __forceinline__ void role_a(float (&o)[C::kOTiles][4], uint32_t (&a)[
     float s[C::kSTiles][4];
     qk_tile<C>(s, smem, bar_full, su_a);
     float mx[2], ref[2], f[2], sum[2];
-    masked_quad_max<C>(s, st, tok_a + (lane & 3) * 2, tok_a + C::BN, scale_log2, mx);
+    const float sc = masked_quad_max<C>(s, st, tok_a + (lane & 3) * 2, tok_a + C::BN, scale_log2, mx);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float m_new = fmaxf(st.m[h], mx[h]);
@@ -185,7 +186,7 @@ __device__ __forceinline__ void role_a(float (&o)[C::kOTiles][4], uint32_t (&a)[
       f[h] = fast_exp2(st.m[h] - ref[h]);
       st.m[h] = m_new;
     }
-    write_p<C>(s, ref, smem, 0, group, lane, sum);
+    write_p<C>(s, ref, sc, smem, 0, group, lane, sum);
 #pragma unroll
     for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * f[h] + sum[h];
     publish_rows<C>(smem, 0, f, st.m, r0, lane);
@@ -216,9 +217,10 @@ __device__ __forceinline__ void role_b(float (&o)[C::kOTiles][4], uint32_t (&a)[
   const int r0 = group * 16 + (lane >> 2);
   float s[C::kSTiles][4];
   float mx[2] = {-INFINITY, -INFINITY};
+  float sc = 1.f;
   if (has_b) {
     qk_tile<C>(s, smem, bar_full, su_b);
-    masked_quad_max<C>(s, st, tok_b + (lane & 3) * 2, tok_b + C::BN, scale_log2, mx);
+    sc = masked_quad_max<C>(s, st, tok_b + (lane & 3) * 2, tok_b + C::BN, scale_log2, mx);
   }
   bar_wait(kBarA);           // P_a, f_a, m_a written
   pv_tile<C>(o, a, smem, bar_full, bar_empty, su_a, 0, 1, group, lane, valid_a);
@@ -233,7 +235,7 @@ __device__ __forceinline__ void role_b(float (&o)[C::kOTiles][4], uint32_t (&a)[
     st.l[h] *= f_a * f[h];
     st.m[h] = m_new;
   }
-  if (has_b) write_p<C>(s, ref, smem, 1, group, lane, sum);
+  if (has_b) write_p<C>(s, ref, sc, smem, 1, group, lane, sum);
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] += sum[h];
   publish_rows<C>(smem, 1, f, st.m, r0, lane);
