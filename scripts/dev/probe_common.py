@@ -1,0 +1,80 @@
+"""Shared pieces of the phase-clock probes (fp8_loop_probe.py, ot_phase_probe.py): a patched
+copy of templates/, the PH(slot) clock macro over g_phase_clk[3][10], and the host export that
+fp8_loop_check.py's phase mode reads."""
+import os
+import shutil
+
+PH_MACRO = ('#include "common/aiter_mla_common.cuh"\n__device__ unsigned long long g_phase_clk[3][10];\n'
+            '#define PH(slot) if ((threadIdx.x & 127) == 0) { const unsigned int ph_n = clock(); '
+            'atomicAdd(&g_phase_clk[threadIdx.x >> 7][slot], (unsigned long long)(ph_n - ph_t)); ph_t = ph_n; }\n')
+
+EXPORT = '''
+AITER_MLA_EXPORT int aiter_mla_phase_clocks(unsigned long long* out, int reset) {
+  cudaError_t e = cudaMemcpyFromSymbol(out, g_phase_clk, sizeof(unsigned long long) * 30);
+  if (e == cudaSuccess && reset) {
+    unsigned long long z[30] = {};
+    e = cudaMemcpyToSymbol(g_phase_clk, z, sizeof(z));
+  }
+  return e;
+}
+'''
+
+
+class Patch:
+    """A copy of the templates at src in dst; .rep(old, new, n) edits the decode template's text
+    (exactly n occurrences), .save() writes it back with the export appended."""
+
+    def __init__(self, src, dst):
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst)
+        self.dst = dst
+        self.path = os.path.join(dst, "mla_decode.cu.j2")
+        self.s = open(self.path).read()
+        self.rep('#include "common/aiter_mla_common.cuh"\n', PH_MACRO)
+
+    def rep(self, old, new, n=1):
+        assert self.s.count(old) == n, (old, self.s.count(old))
+        self.s = self.s.replace(old, new)
+
+    def loader(self):
+        """TMA loader lane 0 (row 2 of g_phase_clk): slot 0 wait on empty, 1 page lookups +
+        issue, 9 tiles (inside ovl::produce_kv_tile_tma)."""
+        h = os.path.join(self.dst, "common", "mla_decode_sm90_ovl.cuh")
+        hs = open(h).read()
+        edits = [("""  wg::mbar_wait(bar_empty, empty_parity);
+  if (lane == 0) mbar_arrive_expect_tx(bar_full, boxes * C::kTmaBoxBytes);""", """  unsigned int pt1 = clock();
+  wg::mbar_wait(bar_empty, empty_parity);
+  unsigned int pt2 = clock();
+  if (lane == 0) mbar_arrive_expect_tx(bar_full, boxes * C::kTmaBoxBytes);"""),
+                 ("""  int row[(kMaxBoxes + 31) / 32];""", """  unsigned int pt0 = clock();
+  int row[(kMaxBoxes + 31) / 32];"""),
+                 ("""      tma_load_box(stage_addr + blk * (C::BN * 64) + pg * C::kTmaBoxBytes, map, blk * 64, row[i], bar_full);
+    }
+  }""", """      tma_load_box(stage_addr + blk * (C::BN * 64) + pg * C::kTmaBoxBytes, map, blk * 64, row[i], bar_full);
+    }
+  }
+  if (lane == 0) { unsigned int pt3 = clock(); atomicAdd(&g_phase_clk[2][0], (unsigned long long)(pt2 - pt1));
+    atomicAdd(&g_phase_clk[2][1], (unsigned long long)(pt1 - pt0 + pt3 - pt2)); atomicAdd(&g_phase_clk[2][9], 1ull); }""")]
+        for old, new in edits:
+            assert hs.count(old) == 1, old
+            hs = hs.replace(old, new)
+        open(h, "w").write(hs)
+
+    def tma_latency(self, indent):
+        """The loader stamps each stage's TMA issue clock; consumer thread 0 of each warpgroup adds
+        (its full-wait end - issue) into slot 8 of its row (row 2 slot 7 counts unusable stamps).
+        indent: the consumer's `mbar_wait(bar_full ...)` line indentation, followed by PH(0)."""
+        self.rep("""  extern __shared__ __align__(128) uint8_t smem[];""", """  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ unsigned int issue_clk[8];""")
+        self.rep("""                                             w.kv_tok_start + t * Cfg::BN, w.kv_tok_end, lane);
+""", """                                             w.kv_tok_start + t * Cfg::BN, w.kv_tok_end, lane);
+          if (lane == 0) issue_clk[stage] = clock();
+""")
+        wait = indent + "mla::wg::mbar_wait(bar_full + stage * 8, (seq / kS) & 1);\n"
+        self.rep(wait + indent + "PH(0)", wait + indent + "if ((threadIdx.x & 127) == 0) { const int dl = (int)(clock() - issue_clk[stage]); "
+                 "if (dl > 0 && dl < 1000000) atomicAdd(&g_phase_clk[threadIdx.x >> 7][8], (unsigned long long)dl); "
+                 "else atomicAdd(&g_phase_clk[2][7], 1ull); }\n" + indent + "PH(0)")
+
+    def save(self):
+        open(self.path, "w").write(self.s + EXPORT)
+        print("patched", self.path)
