@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except Exception as exc:  # every failure exits non-zero with a one-line reason
-        print(f"aiter-mla {args.command}: error: {exc}", file=sys.stderr)
+        reason = str(exc) or type(exc).__name__ + (" (out of memory)" if isinstance(exc, MemoryError) else "")
+        print(f"aiter-mla {args.command}: error: {reason}", file=sys.stderr)
         return 1
     return int(rc or 0)
 

@@ -29,14 +29,18 @@ class EnvVar:
     #: "flag" (get_flag), "int" / "positive int" (get_int), "seconds" (a number >= 0), or
     #: "text" (anything).
     kind: str = "text"
+    #: Bounds of an "int" / "positive int" value (inclusive), checked by :func:`get_int`.
+    minimum: int | None = None
+    maximum: int | None = None
 
 
 _REGISTRY: dict[str, EnvVar] = {}
 
 
 def _declare(name: str, key_changing: bool, default: str | None, doc: str,
-             lenient: bool = False, kind: str = "text") -> None:
-    _REGISTRY[name] = EnvVar(name, key_changing, default, doc, lenient, kind)
+             lenient: bool = False, kind: str = "text", minimum: int | None = None,
+             maximum: int | None = None) -> None:
+    _REGISTRY[name] = EnvVar(name, key_changing, default, doc, lenient, kind, minimum, maximum)
 
 
 # --- where and whether we build (neutral: the artifact is the same) ---
@@ -54,7 +58,8 @@ _declare("ROCM_PATH", False, None, "ROCm root, searched for hipcc")
 _declare("AITER_MLA_CLANG", False, None, "clang used for the gfx942 compile-only check")
 _declare("HIP_KITTENS_DIR", False, None, "existing HipKittens checkout (verified against the pin)")
 _declare("AITER_MLA_VERBOSE", False, "0", "1: log every build command", kind="flag")
-_declare("MAX_JOBS", False, None, "parallel builds for 'aiter-mla jit build -j' (0: the default)", kind="int")
+_declare("MAX_JOBS", False, None, "parallel builds for 'aiter-mla jit build -j' (0: the default)", kind="int",
+         minimum=0)
 _declare("HOME", False, None, "home folder, for the default cache root")
 _declare("XDG_CACHE_HOME", False, None, "base of the default cache root when set")
 _declare("AITER_MLA_CONFIG", False, None, "jit_config.json to use instead of the repository's")
@@ -65,7 +70,9 @@ _declare("AITER_MLA_GIT", False, None, "git used by 'aiter-mla deps fetch' (else
 _declare("AITER_ENABLE_EXPERIMENTAL", False, "0",
          "AITER's knob, parsed as an int: non-zero doubles the m16x4 cluster count",
          lenient=True, kind="flag")
-_declare("CU_NUM", False, None, "AITER's override of the multiprocessor count", kind="positive int")
+# The bound keeps a typo from sizing schedule buffers in the billions (no GPU has 4096 SMs/CUs).
+_declare("CU_NUM", False, None, "AITER's override of the multiprocessor count", kind="positive int",
+         maximum=4096)
 # --- what changes the artifact (key-changing) ---
 _declare("AITER_MLA_EXTRA_NVCC_FLAGS", True, "", "extra nvcc flags appended to every build")
 _declare("AITER_MLA_EXTRA_HIP_FLAGS", True, "", "extra hipcc/clang flags appended to every build")
@@ -129,6 +136,10 @@ def get_int(name: str, default: int = 0) -> int:
         raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
     if var.kind == "positive int" and number <= 0:
         raise ValueError(f"environment variable {name} must be a positive integer, got {value!r}")
+    if var.minimum is not None and number < var.minimum:
+        raise ValueError(f"environment variable {name} must be >= {var.minimum}, got {value!r}")
+    if var.maximum is not None and number > var.maximum:
+        raise ValueError(f"environment variable {name} must be <= {var.maximum}, got {value!r}")
     return number
 
 
@@ -148,24 +159,22 @@ def get_float(name: str, default: float, minimum: float | None = None) -> float:
 
 
 def get_flag(name: str) -> bool:
-    """True when the variable is a non-zero int (or true/yes/on for our own variables).
+    """True for 1 / true / yes / on, False for 0 / false / no / off (case-insensitive).
 
-    AITER's knobs keep AITER's rule (non-numeric = off); for ours an unrecognised value such
-    as ``AITER_MLA_DISABLE_JIT=maybe`` raises ValueError naming the variable.
+    AITER's knobs keep AITER's ``atoi`` rule (any non-zero int is on, non-numeric is off); for
+    ours any other value, such as ``AITER_MLA_DISABLE_JIT=maybe`` or ``=2``, raises ValueError
+    naming the variable.
     """
     var = _lookup(name)
     value = get(name)
     if value is not None and not var.lenient:
         word = value.strip().lower()
-        if word in _TRUE:
+        if word in _TRUE or word == "1":
             return True
-        if word in _FALSE:
+        if word in _FALSE or word == "0":
             return False
-        try:
-            return int(word) != 0
-        except ValueError:
-            raise ValueError(f"environment variable {name} must be 0 or 1 (or true/false, "
-                             f"yes/no, on/off), got {value!r}") from None
+        raise ValueError(f"environment variable {name} must be 0 or 1 (or true/false, "
+                         f"yes/no, on/off), got {value!r}")
     return get_int(name, 0) != 0
 
 
@@ -193,5 +202,7 @@ def child_environ(**overrides: str) -> dict[str, str]:
 
 
 def key_items() -> dict[str, str]:
-    """The key-changing variables, normalised (unset == default), for the JIT cache key."""
-    return {n: (get(n) or "") for n, v in sorted(_REGISTRY.items()) if v.key_changing}
+    """The key-changing variables, normalised for the JIT cache key: unset == default, and a
+    flag by its meaning ("1" / "0"), so ``AITER_MLA_LINEINFO=yes`` and ``=1`` share a build."""
+    return {n: (("1" if get_flag(n) else "0") if v.kind == "flag" else (get(n) or ""))
+            for n, v in sorted(_REGISTRY.items()) if v.key_changing}

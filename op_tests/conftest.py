@@ -204,6 +204,18 @@ def jit_clean(monkeypatch):
 
 
 @pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """Real builds into a cache under tmp_path instead of the user's default cache (tests that
+    compile a real module on a machine without a GPU must not leave entries behind)."""
+    from aiter_mla.jit import core
+
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(tmp_path / "jit_cache"))
+    core.reset_state()
+    yield tmp_path / "jit_cache"
+    core.reset_state()
+
+
+@pytest.fixture
 def fake_jit(tmp_path, monkeypatch, fake_lib, jit_clean) -> FakeJit:
     """An isolated JIT with a fake nvcc: set in this process (monkeypatch) and in ``.env``."""
     templates = tmp_path / "templates"

@@ -95,6 +95,10 @@ def test_every_variable_has_a_kind():
 @pytest.mark.parametrize("name, bad, good", [
     ("AITER_MLA_LOCK_TIMEOUT", "-1", "5"), ("AITER_MLA_VERBOSE", "maybe", "yes"), ("CU_NUM", "0", "132"),
     ("MAX_JOBS", "x", "0"), ("AITER_MLA_LINEINFO", "2x", "1"), ("AITER_MLA_DISABLE_JIT", "maybe", "0"),
+    # a new-user pass found these accepted: a flag of 2 (the message says 0 or 1), a negative
+    # MAX_JOBS, and a CU_NUM that sizes schedule buffers in the billions
+    ("AITER_MLA_DISABLE_JIT", "2", "on"), ("AITER_MLA_LINEINFO", "2", "off"), ("MAX_JOBS", "-2", "3"),
+    ("CU_NUM", "2000000000", "4096"),
 ])
 def test_check_values_names_a_malformed_variable(monkeypatch, capsys, name, bad, good):
     """Every command checks every set variable by its kind first (`aiter-mla info` with
@@ -115,3 +119,16 @@ def test_aiter_knobs_keep_atoi(monkeypatch):
     monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", "on")
     env.check_values()
     assert not env.get_flag("AITER_REBUILD") and not env.get_flag("AITER_ENABLE_EXPERIMENTAL")
+
+
+def test_flag_spellings_share_one_cache_key(monkeypatch):
+    """A key-changing flag enters the key by its meaning (AITER_MLA_LINEINFO=yes and =1 made
+    two entries of one build)."""
+    keys = {}
+    for value in ("1", "yes", "true", "ON"):
+        monkeypatch.setenv("AITER_MLA_LINEINFO", value)
+        keys[value] = env.key_items()["AITER_MLA_LINEINFO"]
+    assert set(keys.values()) == {"1"}
+    for value in ("0", "false", "off", ""):
+        monkeypatch.setenv("AITER_MLA_LINEINFO", value)
+        assert env.key_items()["AITER_MLA_LINEINFO"] == "0"

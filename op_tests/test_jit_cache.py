@@ -368,6 +368,21 @@ def test_disable_jit_loads_built_and_names_missing(fake_jit, monkeypatch):
     assert fake_jit.started() == 1
 
 
+def test_disable_jit_names_a_damaged_entry_as_damaged(fake_jit, monkeypatch):
+    """Under AITER_MLA_DISABLE_JIT=1 a damaged entry was reported as 'not built'."""
+    m = core.get_module("fake", **P)
+    lib = m.lib_path
+    data = bytearray(lib.read_bytes())
+    data[100] ^= 0xFF
+    tmp = lib.parent / "damaged"
+    tmp.write_bytes(bytes(data))
+    os.replace(tmp, lib)
+    monkeypatch.setenv("AITER_MLA_DISABLE_JIT", "1")
+    core.reset_state()
+    with pytest.raises(core.JitDisabledError, match="is damaged in the cache"):
+        core.get_module("fake", **P)
+
+
 def test_aiter_rebuild_rebuilds_each_variant_once_per_process(fake_jit, monkeypatch):
     m_old = core.get_module("fake", **P)
     assert fake_jit.started() == 1

@@ -55,6 +55,7 @@ def test_build_failure_exits_nonzero_and_reports(fake_jit, capsys, monkeypatch):
     (["jit", "build", "--all", "fake"], "give no MODULE"),
     (["jit", "clear"], "give a MODULE or --all"),
     (["jit", "render", "fake", "--param", "arch=sm_90a"], "missing parameter(s) n, flavor"),
+    (["metadata", "--batch", "4", "--ctx", "100", "--clusters", "2000000000"], "--clusters must be in [1, 8192]"),
 ])
 def test_bad_usage_exits_nonzero_with_reason(fake_jit, capsys, argv, needle):
     assert main(argv) == 1
@@ -219,3 +220,21 @@ def test_unknown_argument_gets_its_subcommands_usage(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "usage: aiter-mla jit clear" in err and "unrecognized arguments: --param arch=sm_90a" in err
+
+
+def test_an_exception_without_text_still_says_what_happened(monkeypatch, capsys):
+    """A MemoryError has no message: the error line used to end after 'error: '."""
+    from aiter_mla.ops import metadata_dump
+
+    def boom(args):
+        raise MemoryError()
+
+    monkeypatch.setattr(metadata_dump, "run", boom)
+    assert main(["metadata", "--batch", "1", "--ctx", "1"]) == 1
+    assert "error: MemoryError (out of memory)" in capsys.readouterr().err
+
+
+def test_arch_option_and_arch_param_must_agree(jit_clean, capsys):
+    """--arch used to win silently over a different --param arch."""
+    assert main(["jit", "build", "mla_reduce", "--arch", "sm_90a", "--param", "arch=gfx942"]) == 1
+    assert "--arch sm_90a and --param arch=gfx942 disagree" in capsys.readouterr().err

@@ -694,7 +694,7 @@ def test_emulated_kernel_invalid_values_stay_in_bounds(emulator):
             assert (r[s[0]:] == SENTINEL).all()
 
 
-def test_template_builds_for_sm90a_with_nvcc(tmp_path):
+def test_template_builds_for_sm90a_with_nvcc(private_cache):
     """The kernel source compiles for sm_90a through the JIT (no GPU needed to build)."""
     if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
         pytest.skip("nvcc not found")

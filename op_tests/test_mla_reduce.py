@@ -379,7 +379,7 @@ def _cuobjdump():
     return None
 
 
-def test_reduce_module_builds_without_spills():
+def test_reduce_module_builds_without_spills(private_cache):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
     mod = get_module("mla_reduce", arch="sm_90a", out_dtype="bf16")
@@ -397,7 +397,7 @@ def test_reduce_module_builds_without_spills():
         assert "LOCAL:0" in ln and "STACK:0" in ln, f"register spills: {ln}"
 
 
-def test_reduce_module_compiles_for_gfx942():
+def test_reduce_module_compiles_for_gfx942(private_cache):
     """The same template, 64-lane wavefronts, through the clang-19 compile-only check."""
     from aiter_mla.jit import build_variant
     from aiter_mla.jit.toolchain import ToolchainError

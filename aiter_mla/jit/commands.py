@@ -113,7 +113,10 @@ def _variants(args, cfg) -> list[tuple[str, dict]]:
     m = cfg.module(args.module)
     given = m.coerce_params(given_text)
     if args.arch:
-        given["arch"] = m.coerce_params({"arch": args.arch})["arch"]
+        arch = m.coerce_params({"arch": args.arch})["arch"]
+        if "arch" in given and given["arch"] != arch:
+            raise ParamError(f"--arch {args.arch} and --param arch={given['arch']} disagree: give one")
+        given["arch"] = arch
     if set(given) >= set(m.params):
         return [(m.name, given)]
     if not m.default_variants:

@@ -228,6 +228,7 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
                     cache.touch_used(key)
                     return BuildResult(name, plan.params, got, False, time.perf_counter() - t0)
     key, manifest, rendered = _exact_key(plan)
+    got = None
     if not force:
         cache, got = _find(state, key, arch)
         if isinstance(got, Entry):
@@ -238,10 +239,11 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
     if env.get_flag("AITER_MLA_DISABLE_JIT"):
         cmd = "aiter-mla jit build " + name + "".join(
             f" --param {k}={_text(v)}" for k, v in plan.params.items())
+        state_text = (f"is damaged in the cache ({got.reason})" if isinstance(got, Corrupt)
+                      else f"is not built in {' or '.join(str(c.root) for c in state.caches)}")
         raise JitDisabledError(
-            f"AITER_MLA_DISABLE_JIT=1 and {variant} (key {key[:16]}...) is not built in "
-            f"{' or '.join(str(c.root) for c in state.caches)}: build it first ({cmd}) "
-            f"or unset AITER_MLA_DISABLE_JIT"
+            f"AITER_MLA_DISABLE_JIT=1 and {variant} (key {key[:16]}...) {state_text}: build it "
+            f"first ({cmd}) or unset AITER_MLA_DISABLE_JIT"
         )
     cache = state.writable_cache()
     with cache.lock(key, f"build of {variant}"):

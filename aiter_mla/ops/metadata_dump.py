@@ -13,6 +13,10 @@ import random
 from .. import arch
 from ..work_info import WI
 
+#: Upper bound of --clusters: 2 x CU_NUM's bound (m16x4 runs two clusters per CU); a typo such
+#: as 2000000000 would otherwise size the schedule's buffers in the billions.
+MAX_CLUSTERS = 8192
+
 
 def _int_list(text: str, name: str) -> list[int]:
     try:
@@ -54,6 +58,8 @@ def build(args):
     qlens = [qlens_cycle[b % len(qlens_cycle)] for b in range(args.batch)]
     max_q = max(qlens) if qlens else 1
     clusters = args.clusters
+    if clusters is not None and not 1 <= clusters <= MAX_CLUSTERS:
+        raise ValueError(f"--clusters must be in [1, {MAX_CLUSTERS}], got {clusters}")
     if clusters is None:
         try:
             clusters = arch.num_clusters(args.heads, max_q)
