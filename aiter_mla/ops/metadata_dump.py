@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import random
 
-from .. import arch
+from .. import arch, env
 from ..work_info import WI
 
 #: Upper bound of --clusters: 2 x CU_NUM's bound (m16x4 runs two clusters per CU); a typo such
 #: as 2000000000 would otherwise size the schedule's buffers in the billions.
-MAX_CLUSTERS = 8192
+MAX_CLUSTERS = 2 * env.registry()["CU_NUM"].maximum
 
 
 def _int_list(text: str, name: str) -> list[int]:

@@ -24,10 +24,6 @@
 // with keys (0, 8, 1, 9, 2, 10, 3, 11) and matrix 1's with (4, 12, 5, 13, 6, 14, 7, 15) puts
 // keys j and j + 8 of a 16-key block side by side (pair_pos): exactly the two keys a thread
 // of S^T holds, so P^T is stored as one 16-bit word per query row.
-//
-// Timing switches (scripts/dev/rs_knockout.py; none is set in a normal build, and every one
-// but AITER_MLA_RS_QK_CHUNK gives wrong outputs): AITER_MLA_RS_QK_CHUNK=N (k-steps per promoted
-// QK chunk), AITER_MLA_RS_NO_{QK,PV,SOFTMAX,FRAGS,XCHG,EXP,PSTORE,RESCALE} leave that part out.
 #pragma once
 #include "mla_decode_sm90_ovl.cuh"
 
@@ -43,11 +39,7 @@ struct MlaDecodeRsConfig : ovl::Fp8TmaTile<BlockN, PageSize, Causal> {
   static constexpr int kStages = 4;                      // KV ring
   static constexpr int kMBlocks = kVDim / 64;            // m64 blocks of O^T per warpgroup
   static constexpr int kKSteps = T::kKSteps;             // k32 steps of QK (18)
-#ifdef AITER_MLA_RS_QK_CHUNK
-  static constexpr int kQkChunk = AITER_MLA_RS_QK_CHUNK;
-#else
   static constexpr int kQkChunk = 3;                     // k-steps per fp32-promoted chunk
-#endif
   // P^T of one warpgroup (B operand, K-major): 8-row groups 512 B apart, 16-position core
   // matrices 128 B apart.
   static constexpr int kPBytes = kWgRows * BN;
@@ -57,7 +49,7 @@ struct MlaDecodeRsConfig : ovl::Fp8TmaTile<BlockN, PageSize, Causal> {
   static constexpr int kOffBar = kOffRed + 4 * kRedFloats * 4;        // full[kStages], empty[kStages]
   static constexpr int kSmemBytes = kOffBar + 2 * kStages * 8;
   static_assert(BN == 64, "the row-split loop's S^T is one m64 block of keys");
-  static_assert(kKSteps % kQkChunk == 0, "k-steps split into whole chunks");
+  static_assert(kKSteps % kQkChunk == 0 && kKSteps / kQkChunk >= 2, "k-steps split into 2 or more whole chunks");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
   static_assert(T::kOffKv % 512 == 0 && kOffP % 128 == 0, "operand tiles are aligned");
 };
@@ -127,10 +119,6 @@ __device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C:
 template <class C>
 __device__ __forceinline__ void load_vt_frags(uint32_t (&a)[C::kMBlocks][C::BN / 32][4], const uint8_t* smem,
                                               int stage, int w, int lane, int valid) {
-#ifdef AITER_MLA_RS_NO_FRAGS
-  for (int mb = 0; mb < C::kMBlocks; ++mb) for (int kk = 0; kk < C::BN / 32; ++kk) for (int e = 0; e < 4; ++e) a[mb][kk][e] = 0;
-  return;
-#endif
   if (valid >= C::BN) {
     load_vt_frags_impl<C, false>(a, smem, stage, w, lane, valid);
   } else {
@@ -173,16 +161,6 @@ __device__ __forceinline__ void qk(float (&s)[4][4], const uint8_t* smem, int st
   float acc[2][4][4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#ifdef AITER_MLA_RS_NO_QK
-  return;
-#endif
-  if constexpr (kChunks == 1) {
-    qk_issue_chunk<C>(acc[0], kd0, qd0, 0);
-    wg::wgmma_wait<0>();
-    wg::qk_add<C>(s, acc[0]);
-    wg::fence_operands(s);
-    return;
-  }
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     if (c >= 2) {
@@ -227,9 +205,6 @@ __device__ __forceinline__ void softmax_pt(float (&s)[4][4], RowState8& st, floa
                                            int wgi, int buf, int tok0, bool full, KeyEnd key_end_of,
                                            float scale_log2, int w, int lane) {
   const int j = lane >> 2, r = lane & 3;
-#ifdef AITER_MLA_RS_NO_SOFTMAX
-  return;
-#endif
   // Common path: the scores stay unscaled (max(s) * sc = max(s * sc) for sc > 0) and each p is
   // one FFMA plus ex2 below. A masked tile or a scale <= 0 scales (and masks) here, sc = 1.
   float sc = scale_log2;
@@ -250,7 +225,6 @@ __device__ __forceinline__ void softmax_pt(float (&s)[4][4], RowState8& st, floa
   for (int i = 0; i < 4; ++i)
 #pragma unroll
     for (int b = 0; b < 2; ++b) v[2 * i + b] = fmaxf(s[i][b], s[i][b + 2]);
-#ifndef AITER_MLA_RS_NO_XCHG
   max_halve<8>(v, lane, 2);
   max_halve<4>(v, lane, 3);
   max_halve<2>(v, lane, 4);
@@ -261,16 +235,11 @@ __device__ __forceinline__ void softmax_pt(float (&s)[4][4], RowState8& st, floa
     red[(8 * (q >> 1) + 2 * r + (q & 1)) * 4 + w] = v[0];
   }
   wg::wg_sync(wgi);
-#endif
   float m_ref[8], scale_o[8];
   bool changed = false;
 #pragma unroll
   for (int q = 0; q < 8; ++q) {
-#ifdef AITER_MLA_RS_NO_XCHG
-    const float4 t = make_float4(v[q], v[q], v[q], v[q]);
-#else
     const float4 t = *reinterpret_cast<const float4*>(red + (8 * (q >> 1) + 2 * r + (q & 1)) * 4);
-#endif
     const float m_new = fmaxf(st.m[q], fmaxf(fmaxf(t.x, t.y), fmaxf(t.z, t.w)) * sc);
     m_ref[q] = m_new == -INFINITY ? 0.f : m_new;
     scale_o[q] = fast_exp2(st.m[q] - m_ref[q]);
@@ -283,21 +252,11 @@ __device__ __forceinline__ void softmax_pt(float (&s)[4][4], RowState8& st, floa
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
       const int q = 2 * i + b;
-#ifdef AITER_MLA_RS_NO_EXP
-      const float p0 = fmaf(s[i][b], sc, -m_ref[q]);
-      const float p1 = fmaf(s[i][b + 2], sc, -m_ref[q]);
-#else
       const float p0 = fast_exp2(fmaf(s[i][b], sc, -m_ref[q]));
       const float p1 = fast_exp2(fmaf(s[i][b + 2], sc, -m_ref[q]));
-#endif
       st.l[q] = st.l[q] * scale_o[q] + (p0 + p1);
-#ifndef AITER_MLA_RS_NO_PSTORE
       *reinterpret_cast<__nv_fp8x2_storage_t*>(pt + i * 512 + b * 16) = ovl::e4m3x2(p0, p1);
-#endif
     }
-#ifdef AITER_MLA_RS_NO_RESCALE
-  changed = false;
-#endif
   if (__any_sync(0xffffffffu, changed)) {   // skipping factors of exactly 1 is exact
 #pragma unroll
     for (int mb = 0; mb < C::kMBlocks; ++mb)
@@ -337,9 +296,7 @@ __device__ __forceinline__ void pv(float (&o)[32][4], const uint32_t (&a)[C::kMB
                                    const uint8_t* smem, int wgi, int buf) {
   wg::fence_operands(o);
   wg::wgmma_fence();
-#ifndef AITER_MLA_RS_NO_PV
   pv_issue_blocks<C, 0>(o, a, smem_addr(smem + C::kOffP + (wgi * 2 + buf) * C::kPBytes));
-#endif
   wg::wgmma_commit();
   wg::wgmma_wait<0>();
   wg::fence_operands(o);
