@@ -27,11 +27,7 @@ EDITS = {
     "shipped": [],
     "chunk6": [("static constexpr int kQkChunk = 3;", "static constexpr int kQkChunk = 6;")],
     "chunk9": [("static constexpr int kQkChunk = 3;", "static constexpr int kQkChunk = 9;")],
-    "noqk": [("""    if (i == 0) {
-      wg::wgmma_qk<true, 0>(acc, da, db);
-    } else {
-      wg::wgmma_qk<true, 1>(acc, da, db);
-    }""", "    (void)da; (void)db;")],
+    "noqk": [("  wg::qk_steps<true, C::kQkChunk>(acc,", "  if (false) wg::qk_steps<true, C::kQkChunk>(acc,")],
     "nopv": [("  pv_issue_blocks<C, 0>(o, a, smem_addr(smem + C::kOffP + (wgi * 2 + buf) * C::kPBytes));\n", "")],
     "nosoftmax": [("  const int j = lane >> 2, r = lane & 3;\n  // Common path",
                    "  const int j = lane >> 2, r = lane & 3;\n  return;\n  // Common path")],

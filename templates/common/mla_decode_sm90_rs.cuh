@@ -130,21 +130,11 @@ __device__ __forceinline__ void load_vt_frags(uint32_t (&a)[C::kMBlocks][C::BN /
 // kd0 / qd0: the step-0 descriptors of K (A) and Q (B); step kk adds its byte offset / 16.
 template <class C>
 __device__ __forceinline__ void qk_issue_chunk(float (&acc)[4][4], uint64_t kd0, uint64_t qd0, int chunk) {
-  wg::wgmma_fence();
-#pragma unroll
-  for (int i = 0; i < C::kQkChunk; ++i) {
-    const int kk = chunk * C::kQkChunk + i;
+  wg::qk_steps<true, C::kQkChunk>(acc, chunk * C::kQkChunk, [&](int kk, uint64_t& da, uint64_t& db) {
     // the address field is the low 14 bits and never carries: add to the low word only
-    const uint64_t da = (kd0 & 0xffffffff00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(kd0) + (wg::k_step_bytes<C>(kk) >> 4));
-    const uint64_t db = (qd0 & 0xffffffff00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(qd0) + (kk * 256 >> 4));
-    if (i == 0) {
-      wg::wgmma_qk<true, 0>(acc, da, db);
-    } else {
-      wg::wgmma_qk<true, 1>(acc, da, db);
-    }
-  }
-  wg::wgmma_commit();
-  wg::fence_operands(acc);
+    da = (kd0 & 0xffffffff00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(kd0) + (wg::k_step_bytes<C>(kk) >> 4));
+    db = (qd0 & 0xffffffff00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(qd0) + (kk * 256 >> 4));
+  });
 }
 
 // S^T[64 keys x this warpgroup's 32 rows] over all 576 dims; returns with every wgmma done.

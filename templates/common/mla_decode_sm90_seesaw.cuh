@@ -130,20 +130,10 @@ __device__ __forceinline__ void pv_wait(float (&o)[C::kOTiles][4], uint32_t (&a)
 template <class C, int Chunk>
 __device__ __forceinline__ void qk_chunk(float (&d)[C::kSTiles][4], uint32_t q_addr, uint32_t k_addr) {
   constexpr int kChunk = wg::QkAcc<C>::kChunk;
-  wg::wgmma_fence();
-#pragma unroll
-  for (int i = 0; i < kChunk; ++i) {
-    const int kk = Chunk * kChunk + i;
-    const uint64_t da = wg::q_desc<C>(q_addr, kk);
-    const uint64_t db = wg::k_desc<C>(k_addr, kk);
-    if (i == 0) {
-      wg::wgmma_qk<true, 0>(d, da, db);
-    } else {
-      wg::wgmma_qk<true, 1>(d, da, db);
-    }
-  }
-  wg::wgmma_commit();
-  wg::fence_operands(d);
+  wg::qk_steps<true, kChunk>(d, Chunk * kChunk, [&](int kk, uint64_t& da, uint64_t& db) {
+    da = wg::q_desc<C>(q_addr, kk);
+    db = wg::k_desc<C>(k_addr, kk);
+  });
 }
 template <class C, int Chunk>
 __device__ __forceinline__ void qk_rest(float (&s)[C::kSTiles][4], float (&acc)[C::kSTiles][4], uint32_t q_addr,

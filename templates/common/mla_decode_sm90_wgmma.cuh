@@ -426,23 +426,31 @@ __device__ __forceinline__ uint64_t q_desc(uint32_t q_addr, int kk) {
   return make_desc(q_addr, 128, C::kGroupBytes) + static_cast<uint64_t>(kk * 256 >> 4);
 }
 
-template <class C, int Chunk>
-__device__ __forceinline__ void qk_issue_chunk(QkAcc<C>& a, uint32_t q_addr, uint32_t k_addr) {
-  constexpr int kB = Chunk & 1;
+// One commit group of QK: k-steps first .. first + N - 1 into acc, the first overwriting it;
+// descs(kk, da, db) gives step kk's A and B descriptors (each loop addresses its own operands).
+template <bool Fp8, int N, int T, class Descs>
+__device__ __forceinline__ void qk_steps(float (&acc)[T][4], int first, Descs descs) {
   wgmma_fence();
 #pragma unroll
-  for (int i = 0; i < QkAcc<C>::kChunk; ++i) {
-    const int kk = Chunk * QkAcc<C>::kChunk + i;
-    const uint64_t da = q_desc<C>(q_addr, kk);
-    const uint64_t db = k_desc<C>(k_addr, kk);
+  for (int i = 0; i < N; ++i) {
+    uint64_t da, db;
+    descs(first + i, da, db);
     if (i == 0) {
-      wgmma_qk<C::kFp8, 0>(a.acc[kB], da, db);
+      wgmma_qk<Fp8, 0>(acc, da, db);
     } else {
-      wgmma_qk<C::kFp8, 1>(a.acc[kB], da, db);
+      wgmma_qk<Fp8, 1>(acc, da, db);
     }
   }
   wgmma_commit();
-  fence_operands(a.acc[kB]);
+  fence_operands(acc);
+}
+
+template <class C, int Chunk>
+__device__ __forceinline__ void qk_issue_chunk(QkAcc<C>& a, uint32_t q_addr, uint32_t k_addr) {
+  qk_steps<C::kFp8, QkAcc<C>::kChunk>(a.acc[Chunk & 1], Chunk * QkAcc<C>::kChunk, [&](int kk, uint64_t& da, uint64_t& db) {
+    da = q_desc<C>(q_addr, kk);
+    db = k_desc<C>(k_addr, kk);
+  });
 }
 
 template <class C>
