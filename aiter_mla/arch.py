@@ -41,11 +41,21 @@ def tile_rows(num_heads: int, max_seqlen_q: int) -> int:
     return 128 if rows > 64 else 64
 
 
+#: Rows (heads x qlen) up to which one consumer warpgroup holds a whole work: those shapes get
+#: two work lists per multiprocessor, one per warpgroup of the fp8 ``wgmma_dual`` loop.
+FEW_ROWS = 32
+
+
 def occupancy(num_heads: int, max_seqlen_q: int) -> int:
     """Work lists per multiprocessor: 2 for the m16x4 tile (heads x qlen == 64) when
-    ``AITER_ENABLE_EXPERIMENTAL`` is non-zero, else 1 (AITER #3072 / #3391
-    ``get_mla_decode_fwd_occupancy``)."""
-    if num_heads * max_seqlen_q == 64 and is_experimental_enabled():
+    ``AITER_ENABLE_EXPERIMENTAL`` is non-zero (AITER #3072 / #3391
+    ``get_mla_decode_fwd_occupancy``); 2 for the padded shapes of at most ``FEW_ROWS`` rows
+    ((16,1), (32,1), (16,2); ours, not AITER's: their fp8 loop runs a work list per consumer
+    warpgroup, and the other loops run the second list as a second CTA); else 1."""
+    rows = num_heads * max_seqlen_q
+    if rows <= FEW_ROWS:
+        return 2
+    if rows == 64 and is_experimental_enabled():
         return 2
     return 1
 

@@ -568,6 +568,7 @@ def test_mainloop_flag_selects_the_ops_loop_or_refuses(monkeypatch, capsys):
     from aiter_mla.ops import decode
 
     monkeypatch.setitem(decode.DEFAULT_MAINLOOP, "fp8", decode.DEFAULT_MAINLOOP["fp8"])
+    monkeypatch.setitem(decode.FEW_ROWS_MAINLOOP, "fp8", decode.FEW_ROWS_MAINLOOP["fp8"])
     seen = {}
     def fake_compile_only(args):
         seen["loop"] = decode.DEFAULT_MAINLOOP["fp8"]

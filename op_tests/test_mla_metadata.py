@@ -439,6 +439,11 @@ def test_info_shapes_and_order(monkeypatch):
     assert md.get_mla_metadata_info_v1(4, 4, 16, None, None)[1][0] == (265,)
     assert md.get_mla_metadata_info_v1(4, 1, 128, None, None)[1][0] == (133,)
     assert arch.num_clusters(16, 4) == 264
+    # the <= 32-row shapes have two work lists per multiprocessor in any mode (wgmma_dual)
+    for experimental in ("0", "1"):
+        monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", experimental)
+        assert [arch.num_clusters(h, q) for h, q in ((16, 1), (32, 1), (16, 2), (64, 1), (128, 1))] == [
+            264, 264, 264, 264 if experimental == "1" else 132, 132]
 
 
 @pytest.mark.parametrize("kw", [dict(is_sparse=True), dict(intra_batch_mode=True),
@@ -490,13 +495,14 @@ def test_op_on_cpu_tensors_matches_reference(monkeypatch):
     qo, kv, lpl = make_inputs([5000, 0, 20000, 7], [2, 1, 2, 2], 16)
     bufs = alloc(md.get_mla_metadata_info_v1(6, 2, 16, None, None))
     call_op(bufs, qo, kv, lpl, page_size=16, kv_granularity=4, max_seqlen_qo=2)
-    s = reference_schedule(qo, kv, lpl, num_heads=16, num_clusters=10, page_size=16,
+    # (16,2) has 32 rows: two work lists per multiprocessor (arch.occupancy), 20 clusters
+    s = reference_schedule(qo, kv, lpl, num_heads=16, num_clusters=20, page_size=16,
                            kv_granularity=4, max_seqlen_qo=2)
     compare_buffers(bufs, s, 4)
     rec = md.lookup_plan(bufs[2])
     assert rec is not None and (rec.num_heads, rec.max_seqlen_qo, rec.page_size,
                                 rec.kv_granularity, rec.batch_size, rec.num_clusters) == (
-        16, 2, 16, 4, 4, 10)
+        16, 2, 16, 4, 4, 20)
     assert rec.dtype_q == torch.bfloat16  # AITER's default when dtype_q is None
     assert md.lookup_plan(torch.empty(3, 8, dtype=torch.int32)) is None
 

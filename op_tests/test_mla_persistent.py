@@ -46,13 +46,15 @@ _LOOP = {"name": "default"}   # main loop of the running test, for the results t
 # session fixtures: build every variant once, in parallel; print the results table
 
 
-def _all_variants():
+def _all_variants(loops=dec.MAINLOOPS):
     out = []
-    for loop in dec.MAINLOOPS:
+    for loop in loops:
         for heads, qlen in SHAPES:
             for p in PAGE_SIZES:
                 for name, dt in DTYPES.items():
                     if name not in dec.MAINLOOP_DTYPES[loop]:
+                        continue
+                    if loop in dec.DUAL_LOOPS and heads * qlen > dec.FEW_ROWS:
                         continue
                     v = dec.decode_variant(heads, qlen, p, dt, dt, mainloop=loop)
                     if v not in out:
@@ -64,25 +66,36 @@ def _all_variants():
 def mainloop(request, monkeypatch):
     """Runs the test with every op call on the given sm_90a main loop (for the dtypes it has a
     kernel for; a test parametrized on another dtype is skipped)."""
-    dtype = getattr(request.node, "callspec", None) and request.node.callspec.params.get("dtype")
+    params = getattr(request.node, "callspec", None) and request.node.callspec.params or {}
+    dtype = params.get("dtype")
     if dtype is not None and dtype not in dec.MAINLOOP_DTYPES[request.param]:
         pytest.skip(f"mainloop {request.param} has no {dtype} kernel")
+    if request.param in dec.DUAL_LOOPS and params.get("heads", 1) * params.get("qlen", 1) > dec.FEW_ROWS:
+        pytest.skip(f"mainloop {request.param} runs <= {dec.FEW_ROWS} rows only (the others run DEFAULT_MAINLOOP)")
     for dt in DTYPES:
         if dt in dec.MAINLOOP_DTYPES[request.param]:
-            monkeypatch.setitem(dec.DEFAULT_MAINLOOP, dt, request.param)
+            monkeypatch.setitem(dec.DEFAULT_MAINLOOP, dt, dec.DEFAULT_MAINLOOP[dt])
+            monkeypatch.setitem(dec.FEW_ROWS_MAINLOOP, dt, dec.FEW_ROWS_MAINLOOP[dt])
+            dec.force_mainloop(dt, request.param)
     _LOOP["name"] = request.param
     yield request.param
     _LOOP["name"] = "default"
 
 
 @pytest.fixture(scope="session")
-def warm():
-    """Builds (or loads) every decode variant the tests use, 16 at a time."""
+def warm(request):
+    """Builds (or loads) every decode variant the selected tests use, 16 at a time: those of
+    the main loops they run (the ``mainloop`` fixture's, plus the default loops)."""
     if not HAS_GPU:
         pytest.skip("needs an NVIDIA GPU (sm_90a); none is visible")
     from aiter_mla.jit import get_module
 
-    variants = _all_variants()
+    loops = {dec.DEFAULT_MAINLOOP[d] for d in dec.DEFAULT_MAINLOOP} | set(dec.FEW_ROWS_MAINLOOP.values())
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "mainloop" in callspec.params:
+            loops.add(callspec.params["mainloop"])
+    variants = _all_variants([loop for loop in dec.MAINLOOPS if loop in loops])
     with concurrent.futures.ThreadPoolExecutor(max_workers=16) as ex:
         list(ex.map(lambda v: get_module("mla_decode", **v), variants))
     return variants
@@ -227,6 +240,13 @@ def test_variant_selection():
     v = dec.decode_variant(128, 1, 64, FP8, FP8)
     assert v == dict(arch="sm_90a", block_m=128, page_size=64, block_n=64, mask="none",
                      q_dtype="fp8", kv_dtype="fp8", mainloop=dec.DEFAULT_MAINLOOP["fp8"])
+    for loop in dec.DUAL_LOOPS:
+        with pytest.raises(ValueError, match=f"mainloop '{loop}' runs num_heads \\* max_seqlen_q <= 32 rows, got 128 \\* 1"):
+            dec.decode_variant(128, 1, 64, FP8, FP8, mainloop=loop)
+        assert dec.decode_variant(32, 1, 64, FP8, FP8, mainloop=loop)["block_m"] == 64
+    # with no loop asked for, the <= 32-row shapes take FEW_ROWS_MAINLOOP, the others DEFAULT_MAINLOOP
+    assert dec.decode_variant(16, 2, 64, FP8, FP8)["mainloop"] == dec.FEW_ROWS_MAINLOOP["fp8"]
+    assert dec.decode_variant(64, 1, 64, FP8, FP8)["mainloop"] == dec.DEFAULT_MAINLOOP["fp8"]
     for loop in dec.MAINLOOPS:
         if "bf16" not in dec.MAINLOOP_DTYPES[loop]:
             with pytest.raises(ValueError, match=f"mainloop '{loop}' has kernels for kv dtypes"):
@@ -255,13 +275,16 @@ def test_variant_selection():
 
 def test_launch_grid_x():
     """The producer-warp loops (wgmma_ws / _ovl / _ot / _seesaw / _rs) run both 64-row halves of a 128-row work at once (grid.x = ceil(clusters / 2));
-    every other variant launches one CTA column per cluster."""
+    wgmma_dual runs two clusters per CTA (one per warpgroup, ceil(clusters / 2) too); every
+    other variant launches one CTA column per cluster."""
     for loop in dec.MAINLOOPS:
         for heads, qlen in [(128, 1), (16, 1), (16, 4)]:
+            if loop == "wgmma_dual" and heads * qlen > 32:
+                continue
             v = dec.decode_variant(heads, qlen, 64, FP8, FP8, mainloop=loop)
             for clusters in (1, 7, 132):
                 paired = loop in ("wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw", "wgmma_rs") and v["block_m"] == 128
-                want = (clusters + 1) // 2 if paired else clusters
+                want = (clusters + 1) // 2 if paired or loop == "wgmma_dual" else clusters
                 assert dec.launch_grid_x(v, clusters) == want
 
 

@@ -72,7 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="KV dtype (default: fp8)")
     p.add_argument("--mainloop", default=None,
                    help="decode main loop for the KV dtype (default: the op's, "
-                        "aiter_mla.ops.decode.DEFAULT_MAINLOOP; see decode.MAINLOOPS)")
+                        "aiter_mla.ops.decode.DEFAULT_MAINLOOP / FEW_ROWS_MAINLOOP; see "
+                        "decode.MAINLOOPS; wgmma_dual applies to the <= 32-row shapes only)")
     p.add_argument("--varlen", action="store_true",
                    help="per-request ctx drawn log-normal with mean ctx (a serving batch)")
     p.add_argument("-o", "--output", type=Path, default=Path("bench_results"),
@@ -150,7 +151,7 @@ def _select_mainloop(args: argparse.Namespace) -> str | None:
     if args.kv_dtype not in decode.MAINLOOP_DTYPES[args.mainloop]:
         return (f"--mainloop {args.mainloop} has kernels for kv dtypes "
                 f"{', '.join(decode.MAINLOOP_DTYPES[args.mainloop])}, got -kvd {args.kv_dtype}")
-    decode.DEFAULT_MAINLOOP[args.kv_dtype] = args.mainloop
+    decode.force_mainloop(args.kv_dtype, args.mainloop)
     return None
 
 

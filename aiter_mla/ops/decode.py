@@ -81,15 +81,26 @@ BLOCK_N = {"fp8": 64, "bf16": 32}
 #: under the other's PV) and "wgmma_rs" (fp8 only: the warpgroups split the CTA's rows, 32 each,
 #: and run QK and PV transposed with the rows as N, meeting only at the KV stages; measured
 #: 1.05-1.08x wgmma_ot where one warpgroup holds every real row ((16,1), (32,1), batch >= 128),
-#: 1.25x slower at (128,1)). The fp8 TMA loops load KV tiles by TMA for page_size >= 8.
-MAINLOOPS = ("mma", "wgmma", "wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw", "wgmma_rs")
+#: 1.25x slower at (128,1)) and "wgmma_dual" (fp8 only, shapes of <= 32 rows, ``FEW_ROWS``:
+#: wgmma_rs's maths with each consumer warpgroup running its own work list on its own producer
+#: warp and KV ring, two independent pipelines per CTA, ``launch_grid_x``). The fp8 TMA loops
+#: load KV tiles by TMA for page_size >= 8.
+MAINLOOPS = ("mma", "wgmma", "wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw", "wgmma_rs", "wgmma_dual")
 
 #: Main loop -> the kv dtypes it has a kernel for.
 MAINLOOP_DTYPES = {"mma": ("fp8", "bf16"), "wgmma": ("fp8", "bf16"), "wgmma_ws": ("fp8", "bf16"),
                    "wgmma_ovl": ("fp8",), "wgmma_ot": ("fp8",),
-                   "wgmma_seesaw": ("fp8",), "wgmma_rs": ("fp8",)}
+                   "wgmma_seesaw": ("fp8",), "wgmma_rs": ("fp8",), "wgmma_dual": ("fp8",)}
 
-#: dtype -> the main loop ``decode_variant`` picks when none is asked for. fp8: wgmma_ot,
+#: Rows (num_heads x max_seqlen_q) up to which a work fits one consumer warpgroup (the wgmma N of
+#: wgmma_rs / wgmma_dual); ``wgmma_dual`` runs only these shapes.
+FEW_ROWS = arch.FEW_ROWS
+
+#: Main loops that run one work list per consumer warpgroup (two per CTA, see ``launch_grid_x``).
+DUAL_LOOPS = ("wgmma_dual",)
+
+#: dtype -> the main loop ``decode_variant`` picks when none is asked for (above ``FEW_ROWS``
+#: rows; see FEW_ROWS_MAINLOOP below). fp8: wgmma_ot,
 #: measured on the H200 (decode + reduce, CUDA graph, same run; docs/perf/notes.md, issue 6
 #: changes 3-8; after change 8, same run: 275.6 us against wgmma_seesaw 365.4, wgmma_ws 432.4):
 #: fp8 (128,1) b64 ctx 8192 301.2 us against wgmma_ovl 323.7 and wgmma_ws 445.5;
@@ -98,6 +109,14 @@ MAINLOOP_DTYPES = {"mma": ("fp8", "bf16"), "wgmma": ("fp8", "bf16"), "wgmma_ws":
 #: bf16: wgmma_ws (the fp8 loops' PV is an e4m3 wgmma); wgmma_ws was 1.1x wgmma, which was
 #: 1.3-1.5x mma (changes 1-2).
 DEFAULT_MAINLOOP = {"fp8": "wgmma_ot", "bf16": "wgmma_ws"}
+
+#: dtype -> the main loop ``decode_variant`` picks for shapes of at most ``FEW_ROWS`` rows
+#: ((16,1), (32,1), (16,2)) when none is asked for; a dtype missing here uses DEFAULT_MAINLOOP.
+#: fp8: wgmma_dual, measured on the H200 (decode + reduce, CUDA graph, same run, docs/perf/notes.md
+#: change 12; wgmma_ot at its former 132 clusters / wgmma_dual at 264): (16,1) b128 ctx 8192
+#: 217.5 / 171.8 us, b256 ctx 4096 224.4 / 181.7, (32,1) b128 ctx 8192 227.8 / 186.9, (16,2)
+#: b128 ctx 4096 129.4 / 115.4, (16,1) b64 ctx 3200 58.2 / 57.7; 9/9 accuracy cases.
+FEW_ROWS_MAINLOOP = {"fp8": "wgmma_dual", "bf16": "wgmma_ws"}
 
 #: Main loops whose 128-row works run both 64-row CTAs at once (see ``launch_grid_x``).
 PAIRED_HALF_LOOPS = ("wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw", "wgmma_rs")
@@ -139,12 +158,13 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
     Returns a dict for ``aiter_mla.jit.get_module("mla_decode", **params)``: arch sm_90a,
     block_m 128 or 64, page_size, block_n (mma: 64 fp8 / 32 bf16; wgmma*: 64), mask ``causal``
     when max_seqlen_q > 1 else ``none``, q_dtype / kv_dtype, mainloop (``mainloop`` if given,
-    one of ``MAINLOOPS``, else ``DEFAULT_MAINLOOP[dtype]``).
+    one of ``MAINLOOPS``, else ``FEW_ROWS_MAINLOOP[dtype]`` for num_heads * max_seqlen_q <=
+    ``FEW_ROWS`` and ``DEFAULT_MAINLOOP[dtype]`` above).
 
     Raises TypeError when num_heads / max_seqlen_q / page_size is not an int (bools and floats
     included), NotImplementedError (listing what is supported) for any other shape or dtype pair,
-    ValueError for an unknown ``mainloop`` or one without a kernel for the dtype
-    (``MAINLOOP_DTYPES``).
+    ValueError for an unknown ``mainloop``, one without a kernel for the dtype
+    (``MAINLOOP_DTYPES``), or a ``DUAL_LOOPS`` loop for more than ``FEW_ROWS`` rows.
     """
     num_heads = _require_int("num_heads", num_heads)
     max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
@@ -161,16 +181,53 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
         raise NotImplementedError(
             f"mla decode: page_size {page_size} is not supported; {_supported_text()}")
     dt = SUPPORTED_DTYPES[q_dtype]
-    loop = DEFAULT_MAINLOOP[dt] if mainloop is None else mainloop
+    if mainloop is not None:
+        loop = mainloop
+    elif num_heads * max_seqlen_q <= FEW_ROWS:
+        loop = FEW_ROWS_MAINLOOP.get(dt, DEFAULT_MAINLOOP[dt])
+    else:
+        loop = DEFAULT_MAINLOOP[dt]
     if loop not in MAINLOOPS:
         raise ValueError(f"mainloop must be one of {MAINLOOPS}, got {mainloop!r}")
     if dt not in MAINLOOP_DTYPES[loop]:
         raise ValueError(f"mainloop {loop!r} has kernels for kv dtypes {MAINLOOP_DTYPES[loop]}, "
                          f"got {dt}")
+    if loop in DUAL_LOOPS and num_heads * max_seqlen_q > FEW_ROWS:
+        raise ValueError(f"mainloop {loop!r} runs num_heads * max_seqlen_q <= {FEW_ROWS} rows, got "
+                         f"{num_heads} * {max_seqlen_q} = {num_heads * max_seqlen_q}")
     return dict(arch="sm_90a", block_m=SUPPORTED_SHAPES[key], page_size=int(page_size),
                 block_n=BLOCK_N[dt] if loop == "mma" else 64,
                 mask="causal" if max_seqlen_q > 1 else "none", q_dtype=dt, kv_dtype=dt,
                 mainloop=loop)
+
+
+def force_mainloop(dtype: str, loop: str) -> dict:
+    """Makes ``decode_variant`` pick ``loop`` for kv dtype ``dtype`` ("fp8" / "bf16") when no
+    main loop is asked for, on every shape it has a kernel for: ``DUAL_LOOPS`` on the shapes of
+    at most ``FEW_ROWS`` rows only (the others keep DEFAULT_MAINLOOP), every other loop on all.
+
+    Returns the previous {"default": ..., "few_rows": ...} for ``restore_mainloop``. Raises
+    ValueError for an unknown loop or one without a kernel for ``dtype``. Used by ``aiter-mla
+    bench --mainloop`` and the tests' per-loop runs.
+    """
+    if loop not in MAINLOOPS:
+        raise ValueError(f"mainloop must be one of {MAINLOOPS}, got {loop!r}")
+    if dtype not in MAINLOOP_DTYPES[loop]:
+        raise ValueError(f"mainloop {loop!r} has kernels for kv dtypes {MAINLOOP_DTYPES[loop]}, got {dtype}")
+    old = {"default": DEFAULT_MAINLOOP[dtype], "few_rows": FEW_ROWS_MAINLOOP.get(dtype)}
+    FEW_ROWS_MAINLOOP[dtype] = loop
+    if loop not in DUAL_LOOPS:
+        DEFAULT_MAINLOOP[dtype] = loop
+    return old
+
+
+def restore_mainloop(dtype: str, old: dict) -> None:
+    """Undoes ``force_mainloop`` with the dict it returned."""
+    DEFAULT_MAINLOOP[dtype] = old["default"]
+    if old["few_rows"] is None:
+        FEW_ROWS_MAINLOOP.pop(dtype, None)
+    else:
+        FEW_ROWS_MAINLOOP[dtype] = old["few_rows"]
 
 
 def launch_grid_x(params: dict, clusters: int) -> int:
@@ -181,13 +238,17 @@ def launch_grid_x(params: dict, clusters: int) -> int:
     a work run at the same time on the ~num_cu SMs (one CTA fits an SM) and the second reads the
     KV from L2 (FlashMLA sizes its grid the same way: num_sm_parts = num_sms / m_blocks); with
     grid_x = clusters the second halves would run as a second wave and read the KV from HBM
-    again. Every other variant launches one CTA column per cluster.
+    again. ``DUAL_LOOPS`` launch ceil(clusters / 2) too: CTA x runs clusters 2x and 2x + 1
+    (+ 2 grid_x, ...), one per consumer warpgroup. Every other variant launches one CTA column
+    per cluster.
 
     Args: ``params`` a ``decode_variant`` dict; ``clusters`` >= 1 (``arch.num_clusters``).
     Returns an int in [1, clusters]. Raises KeyError when ``params`` lacks mainloop / block_m.
     """
     if params["mainloop"] in PAIRED_HALF_LOOPS and params["block_m"] == 128:
         return max(1, (clusters + 1) // 2)
+    if params["mainloop"] in DUAL_LOOPS:
+        return max(1, (clusters + 1) // 2)   # CTA x runs clusters 2x (warpgroup 0) and 2x + 1
     return clusters
 
 

@@ -29,8 +29,26 @@ os.makedirs(outdir, exist_ok=True)
 NEW = os.environ.get("OVL_LOOP", "wgmma_ovl")
 
 
+_SHIPPED = (dict(dec.DEFAULT_MAINLOOP), dict(dec.FEW_ROWS_MAINLOOP))
+
+
 def set_loop(loop):
-    dec.DEFAULT_MAINLOOP["fp8"] = loop
+    dec.DEFAULT_MAINLOOP.update(_SHIPPED[0])
+    dec.FEW_ROWS_MAINLOOP.update(_SHIPPED[1])
+    dec.force_mainloop("fp8", loop)
+
+
+def runs(loop, h, q):
+    """Whether ``loop`` ("loop" or "loop@cuN") has a kernel for (h, q) rows (wgmma_dual: <= 32)."""
+    return loop.partition("@cu")[0] not in dec.DUAL_LOOPS or h * q <= dec.FEW_ROWS
+
+
+def variant_for(loop, h, q, P, dt):
+    """fp8: ``loop``'s variant; bf16: the default one (the fp8 loops have no bf16 kernel, so a
+    bf16 row compares only the "@cuN" cluster counts)."""
+    if dt == BF16:
+        return dec.decode_variant(h, q, P, dt, dt)
+    return dec.decode_variant(h, q, P, dt, dt, mainloop=loop.partition("@cu")[0])
 
 
 # (loops, heads, qlen, P, dtype, kv_lens, qo_lens, seed, cu_num)
@@ -64,6 +82,13 @@ ACC = [a for a in ACC if a[3] == FP8] + [
     (16, 4, 32, FP8, [70, 300, 1, 129, 2000], [4, 2, 1, 3, 4], 28, None),
     (32, 4, 8, FP8, [33, 0, 513, 7], None, 29, None),
     (128, 1, 16, FP8, [3000, 40, 1, 700, 66, 0, 5000], None, 30, 3),
+    # the <= 32-row shapes (wgmma_dual): page_size 1 (cp.async producer), ragged causal q,
+    # few clusters (CU_NUM 1: 2 clusters, one CTA), empty and one-token batches
+    (32, 1, 1, FP8, [300, 0, 1, 129, 64], None, 31, None),
+    (32, 1, 64, FP8, [8192, 77, 4000, 1, 65], None, 32, 1),
+    (16, 2, 4, FP8, [70, 300, 2, 129, 2000], [2, 1, 2, 2, 1], 33, None),
+    (16, 2, 64, FP8, [5000, 3, 0, 640], [1, 2, 1, 2], 34, 3),
+    (16, 1, 16, FP8, [1] * 40 + [6000] * 3, None, 35, None),
 ]
 TIMES = [("fp8 (128,1) b64 c8192", 128, 1, 64, FP8, 64, 8192),
          ("fp8 (128,1) b64 c3200", 128, 1, 64, FP8, 64, 3200),
@@ -71,6 +96,15 @@ TIMES = [("fp8 (128,1) b64 c8192", 128, 1, 64, FP8, 64, 8192),
          ("fp8 (16,1) b128 c8192", 16, 1, 64, FP8, 128, 8192),
          ("fp8 (64,1) b128 c8192", 64, 1, 64, FP8, 128, 8192),
          ("fp8 (128,1) b1 c21", 128, 1, 64, FP8, 1, 21)]
+if os.environ.get("TIMES") == "few":   # the <= 32-row shapes
+    TIMES = [("fp8 (16,1) b128 c8192", 16, 1, 64, FP8, 128, 8192),
+             ("fp8 (16,1) b64 c3200", 16, 1, 64, FP8, 64, 3200),
+             ("fp8 (16,1) b256 c4096", 16, 1, 64, FP8, 256, 4096),
+             ("fp8 (32,1) b128 c8192", 32, 1, 64, FP8, 128, 8192),
+             ("fp8 (16,2) b128 c4096", 16, 2, 64, FP8, 128, 4096),
+             ("fp8 (16,1) b64 c8192 P1", 16, 1, 1, FP8, 64, 8192),
+             ("fp8 (16,1) b1 c21", 16, 1, 64, FP8, 1, 21),
+             ("bf16 (16,1) b128 c8192", 16, 1, 64, BF16, 128, 8192)]
 LOOPS = ["wgmma_ws"] + os.environ.get("CMP_LOOPS", NEW).split(",")
 
 
@@ -78,16 +112,22 @@ def variants(loops):
     vs = []
     for i, (h, q, P, dt, *_r) in enumerate(ACC):
         for loop in loops:
+            if not runs(loop, h, q):
+                continue
             v = dec.decode_variant(h, q, P, dt, dt, mainloop=loop)
             if v not in vs:
                 vs.append(v)
     for _, h, q, P, dt, _, _ in TIMES:
         for loop in loops:
+            if not runs(loop, h, q):
+                continue
             v = dec.decode_variant(h, q, P, dt, dt, mainloop=loop)
             if v not in vs:
                 vs.append(v)
     for h, q in dec.SUPPORTED_SHAPES:
         for P in T.PAGE_SIZES:
+            if not runs(NEW, h, q):
+                continue
             v = dec.decode_variant(h, q, P, FP8, FP8, mainloop=NEW)
             if v not in vs:
                 vs.append(v)
@@ -117,7 +157,7 @@ def accuracy(loop, heads, qlen, P, dtype, kv_lens, qo_lens, seed, cu_num):
 
 
 if mode in ("build", "build_time"):
-    vs = variants([NEW]) if mode == "build" else [dec.decode_variant(h, q, P, dt, dt, mainloop=l) for _, h, q, P, dt, _, _ in TIMES for l in LOOPS]
+    vs = variants([NEW]) if mode == "build" else [variant_for(l, h, q, P, dt) for _, h, q, P, dt, _, _ in TIMES for l in LOOPS if runs(l, h, q)]
     t0 = time.time()
     with concurrent.futures.ThreadPoolExecutor(16) as ex:
         list(ex.map(lambda v: get_module("mla_decode", **v), vs))
@@ -127,6 +167,8 @@ if mode in ("build", "build_time"):
 if mode == "acc":
     lines, bad = [], 0
     for cse in ACC:
+        if not runs(NEW, cse[0], cse[1]):
+            continue
         try:
             ok, line = accuracy(NEW, *cse)
         except Exception as e:  # noqa: BLE001
@@ -142,19 +184,29 @@ if mode == "time":
     rows = [f"{'case':24s} " + " ".join(f"{n:>12s}" for n in LOOPS) + f" {'speedup':>8s} {'TB/s':>7s} {'TFLOPS':>7s} {'rel_l2(new,ws)':>14s}"]
     for name, h, q, P, dt, b, ctx in TIMES[:int(os.environ.get("TIME_N", len(TIMES)))]:
         c = T.make_case(h, q, P, dt, [ctx] * b, seed=1, spare_pages=0)
-        bufs = T.plan(c)
         us, outs = [], []
-        for loop in LOOPS:
+        for name_cu in LOOPS:
+            # "loop@cuN": that loop with CU_NUM=N (e.g. wgmma_ot@cu66: the 132 clusters that
+            # the <= 32-row shapes had before their occupancy became 2)
+            loop, _, cu = name_cu.partition("@cu")
+            if not runs(loop, h, q):
+                us.append(math.nan)
+                continue
             set_loop(loop)
+            if cu:
+                os.environ["CU_NUM"] = cu
             try:
+                bufs = T.plan(c)
                 t, o = time_case(c, bufs, h)
                 us.append(t)
                 outs.append(o.float())
             except Exception as e:  # noqa: BLE001
-                print(f"timing {name} {loop}: {type(e).__name__}: {e}", flush=True)
+                print(f"timing {name} {name_cu}: {type(e).__name__}: {e}", flush=True)
                 us.append(math.nan)
+            finally:
+                os.environ.pop("CU_NUM", None)
         diff = relative_l2(outs[-1].double(), outs[0].double()) if len(outs) >= 2 else math.nan
-        byts = b * ctx * 576
+        byts = b * ctx * 576 * (2 if dt == BF16 else 1)
         flops = 2 * h * q * b * ctx * 1088
         rows.append(f"{name:24s} " + " ".join(f"{u:12.1f}" for u in us) +
                     f" {us[0] / us[-1]:8.3f} {byts / us[-1] / 1e6:7.2f} {flops / us[-1] / 1e6:7.1f} {diff:14.3e}")
