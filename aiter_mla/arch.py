@@ -95,9 +95,12 @@ def num_cu(device=None) -> int:
 def num_clusters(num_heads: int, max_seqlen_q: int, num_heads_k: int = 1, device=None) -> int:
     """Number of persistent work lists: ``num_CU x occupancy / num_heads_k``.
 
-    Source: AITER ``get_mla_metadata_v1_2_device`` (#3072). Raises ValueError for
-    ``num_heads_k < 1``.
+    Source: AITER ``get_mla_metadata_v1_2_device`` (#3072). Raises TypeError when an
+    argument is not an int, ValueError for ``num_heads_k < 1``.
     """
+    for name, value in (("num_heads", num_heads), ("max_seqlen_q", max_seqlen_q), ("num_heads_k", num_heads_k)):
+        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if num_heads_k < 1:
         raise ValueError(f"num_heads_k must be >= 1, got {num_heads_k}")
     return max(1, num_cu(device) * occupancy(num_heads, max_seqlen_q) // num_heads_k)

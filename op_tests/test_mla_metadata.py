@@ -555,6 +555,24 @@ def test_metadata_cli_dump(capsys):
     assert rc != 0
 
 
+def test_metadata_cli_default_clusters_follow_occupancy(capsys, monkeypatch):
+    """Without --clusters, no GPU and no CU_NUM, the dump plans for an H200 with the shape's
+    work lists per SM: 264 for (16,1) (two per SM), 132 for (128,1); it printed 132 for both."""
+    import json
+
+    from aiter_mla import arch as arch_mod
+    from aiter_mla.cli import main
+
+    def no_gpu(device=None):
+        raise RuntimeError("no CUDA device is visible and CU_NUM is unset")
+
+    monkeypatch.delenv("CU_NUM", raising=False)
+    monkeypatch.setattr(arch_mod, "num_cu", no_gpu)
+    for heads, want in ((16, 264), (128, 132)):
+        assert main(["metadata", "--batch", "4", "--ctx", "8192", "--heads", str(heads), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["num_clusters"] == want
+
+
 # ------------------------------------------------------------------------------------------
 # the device kernel on the CPU emulator
 
@@ -738,7 +756,9 @@ def gpu_run_and_compare(cfg, monkeypatch):
     call_op(bufs, qo, kv, lpl, heads=cfg["heads"], page_size=cfg["ps"],
             kv_granularity=cfg["G"], max_seqlen_qo=cfg["thr"],
             max_split_per_batch=cfg["msb"])
-    s = reference_schedule(qo, kv, lpl, num_heads=cfg["heads"], num_clusters=cfg["C"],
+    # C multiprocessors; the <= 32-row shapes plan 2 work lists on each (arch.occupancy)
+    s = reference_schedule(qo, kv, lpl, num_heads=cfg["heads"],
+                           num_clusters=arch.num_clusters(cfg["heads"], cfg["thr"]),
                            page_size=cfg["ps"], kv_granularity=cfg["G"],
                            max_seqlen_qo=cfg["thr"], max_split_per_batch=cfg["msb"])
     torch.cuda.synchronize()
@@ -761,7 +781,8 @@ def test_gpu_kernel_equals_reference_1000_configs(monkeypatch):
             qo, kv, lpl = make_inputs(cfg["lens"], cfg["qlens"], cfg["ps"])
             check_schedule(qo, kv, lpl, work_indptr=s.work_indptr, work_info=s.work_info,
                            reduce_indptr=s.reduce_indptr, reduce_final_map=s.reduce_final_map,
-                           reduce_partial_map=s.reduce_partial_map, num_clusters=cfg["C"],
+                           reduce_partial_map=s.reduce_partial_map,
+                           num_clusters=len(s.work_indptr) - 1,
                            page_size=cfg["ps"], G=cfg["G"], max_seqlen_qo=cfg["thr"],
                            msb=cfg["msb"])
 
@@ -817,8 +838,8 @@ def test_gpu_cuda_graph_capture(monkeypatch):
             b.fill_(SENTINEL)
         g.replay()
         torch.cuda.synchronize()
-        s = reference_schedule(qo, kv, lpl, num_heads=16, num_clusters=132, page_size=ps,
-                               kv_granularity=G, max_seqlen_qo=2)
+        s = reference_schedule(qo, kv, lpl, num_heads=16, num_clusters=arch.num_clusters(16, 2),
+                               page_size=ps, kv_granularity=G, max_seqlen_qo=2)
         compare_buffers(bufs, s, B)
 
 

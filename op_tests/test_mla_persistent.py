@@ -236,6 +236,53 @@ def check(name, c: Case, o, lse):
 # CPU: variant selection and unsupported shapes
 
 
+def test_force_and_restore_mainloop():
+    """force_mainloop sets the loop picked with none asked for (a DUAL_LOOPS loop on the <= 32-row
+    shapes only); restore_mainloop undoes it and refuses anything but what force returned."""
+    before = (dict(dec.DEFAULT_MAINLOOP), dict(dec.FEW_ROWS_MAINLOOP))
+    try:
+        old = dec.force_mainloop("fp8", "wgmma_rs")
+        assert [dec.decode_variant(h, q, 64, FP8, FP8)["mainloop"] for h, q in ((16, 1), (128, 1))] == ["wgmma_rs"] * 2
+        dec.restore_mainloop("fp8", old)
+        assert (dec.DEFAULT_MAINLOOP, dec.FEW_ROWS_MAINLOOP) == before
+        old = dec.force_mainloop("fp8", "wgmma_dual")
+        assert dec.decode_variant(32, 1, 64, FP8, FP8)["mainloop"] == "wgmma_dual"
+        assert dec.decode_variant(64, 1, 64, FP8, FP8)["mainloop"] == before[0]["fp8"]
+        dec.restore_mainloop("fp8", old)
+        assert (dec.DEFAULT_MAINLOOP, dec.FEW_ROWS_MAINLOOP) == before
+        for dtype, loop, needle in [("fp16", "wgmma_rs", "dtype must be one of \\('fp8', 'bf16'\\).*'fp16'"),
+                                    (FP8, "wgmma_rs", "dtype must be one of"),
+                                    ("fp8", "tma", "mainloop must be one of"),
+                                    ("bf16", "wgmma_dual", "has kernels for kv dtypes")]:
+            with pytest.raises(ValueError, match=needle):
+                dec.force_mainloop(dtype, loop)
+        for dtype, old, needle in [("xx", {"default": "wgmma_ot", "few_rows": None}, "dtype must be one of"),
+                                   ("fp8", {}, "old must be the dict force_mainloop returned"),
+                                   ("fp8", None, "old must be the dict"),
+                                   ("fp8", {"default": "bogus", "few_rows": None}, "old\\['default'\\] must be one of"),
+                                   ("fp8", {"default": "wgmma_dual", "few_rows": None}, "old\\['default'\\]"),
+                                   ("bf16", {"default": "wgmma_ws", "few_rows": "wgmma_ot"}, "old\\['few_rows'\\]")]:
+            with pytest.raises(ValueError, match=needle):
+                dec.restore_mainloop(dtype, old)
+        assert (dec.DEFAULT_MAINLOOP, dec.FEW_ROWS_MAINLOOP) == before   # refused: nothing changed
+    finally:
+        dec.DEFAULT_MAINLOOP.clear(); dec.DEFAULT_MAINLOOP.update(before[0])
+        dec.FEW_ROWS_MAINLOOP.clear(); dec.FEW_ROWS_MAINLOOP.update(before[1])
+
+
+def test_cluster_count_arguments_are_checked():
+    """launch_grid_x and arch.num_clusters refuse non-int (and launch_grid_x < 1) counts; a float
+    num_heads_k gave a float cluster count and clusters 0 gave grid 1."""
+    v = dec.decode_variant(16, 1, 64, FP8, FP8, mainloop="wgmma_dual")
+    for bad, exc in ((0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError), ("4", TypeError)):
+        with pytest.raises(exc, match="clusters must be"):
+            dec.launch_grid_x(v, bad)
+    assert [dec.launch_grid_x(v, c) for c in (1, 7, 264)] == [1, 4, 132]
+    for args, name in (((16, 1, 1.5), "num_heads_k"), (("16", 1), "num_heads"), ((16, 1.0), "max_seqlen_q")):
+        with pytest.raises(TypeError, match=f"{name} must be an int"):
+            arch.num_clusters(*args)
+
+
 def test_variant_selection():
     v = dec.decode_variant(128, 1, 64, FP8, FP8)
     assert v == dict(arch="sm_90a", block_m=128, page_size=64, block_n=64, mask="none",

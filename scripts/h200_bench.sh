@@ -13,6 +13,7 @@ run() {  # tag, then bench arguments
   python3 -m aiter_mla bench "$@" -o "$dest" --tag "$tag" --commit "$COMMIT" --no-progress -j 16 \
     >"$dest/bench_$tag.log" 2>&1
   echo "== $tag rc=$?"
+  tar czf "$OUT/perf.tgz" -C "$dest" .   # after every sweep: a timeout keeps what finished
 }
 run n128_q1                                   # the seed's default sweep, with JIT figures
 run n16_q1 -n 16,1 --no-jit-figures

@@ -152,6 +152,11 @@ def _select_mainloop(args: argparse.Namespace) -> str | None:
         return (f"--mainloop {args.mainloop} has kernels for kv dtypes "
                 f"{', '.join(decode.MAINLOOP_DTYPES[args.mainloop])}, got -kvd {args.kv_dtype}")
     decode.force_mainloop(args.kv_dtype, args.mainloop)
+    wide = [f"({h},{q})" for h, q in args.heads_qlen if h * q > decode.FEW_ROWS]
+    if args.mainloop in decode.DUAL_LOOPS and wide:
+        print(f"aiter-mla bench: note: --mainloop {args.mainloop} runs the <= {decode.FEW_ROWS}-row "
+              f"shapes only; {', '.join(wide)} use {decode.DEFAULT_MAINLOOP[args.kv_dtype]}",
+              file=sys.stderr)
     return None
 
 

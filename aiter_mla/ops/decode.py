@@ -210,6 +210,9 @@ def force_mainloop(dtype: str, loop: str) -> dict:
     ValueError for an unknown loop or one without a kernel for ``dtype``. Used by ``aiter-mla
     bench --mainloop`` and the tests' per-loop runs.
     """
+    if dtype not in DEFAULT_MAINLOOP:
+        raise ValueError(f"dtype must be one of {tuple(DEFAULT_MAINLOOP)} (template names, not torch "
+                         f"dtypes), got {dtype!r}")
     if loop not in MAINLOOPS:
         raise ValueError(f"mainloop must be one of {MAINLOOPS}, got {loop!r}")
     if dtype not in MAINLOOP_DTYPES[loop]:
@@ -222,7 +225,23 @@ def force_mainloop(dtype: str, loop: str) -> dict:
 
 
 def restore_mainloop(dtype: str, old: dict) -> None:
-    """Undoes ``force_mainloop`` with the dict it returned."""
+    """Undoes ``force_mainloop`` with the dict it returned.
+
+    Raises ValueError (nothing changed) when ``dtype`` is not "fp8" / "bf16" or ``old`` is not
+    such a dict: "default" a loop with a kernel for ``dtype`` that runs every shape (not one
+    of ``DUAL_LOOPS``), "few_rows" one with a kernel for ``dtype`` or None.
+    """
+    if dtype not in DEFAULT_MAINLOOP:
+        raise ValueError(f"dtype must be one of {tuple(DEFAULT_MAINLOOP)}, got {dtype!r}")
+    if not isinstance(old, dict) or set(old) != {"default", "few_rows"}:
+        raise ValueError(f"old must be the dict force_mainloop returned ({{'default': ..., 'few_rows': ...}}), "
+                         f"got {old!r}")
+    ok = tuple(loop for loop in MAINLOOPS if dtype in MAINLOOP_DTYPES[loop])
+    if old["default"] not in ok or old["default"] in DUAL_LOOPS:
+        raise ValueError(f"old['default'] must be one of {tuple(x for x in ok if x not in DUAL_LOOPS)}, "
+                         f"got {old['default']!r}")
+    if old["few_rows"] is not None and old["few_rows"] not in ok:
+        raise ValueError(f"old['few_rows'] must be one of {ok} or None, got {old['few_rows']!r}")
     DEFAULT_MAINLOOP[dtype] = old["default"]
     if old["few_rows"] is None:
         FEW_ROWS_MAINLOOP.pop(dtype, None)
@@ -243,8 +262,12 @@ def launch_grid_x(params: dict, clusters: int) -> int:
     per cluster.
 
     Args: ``params`` a ``decode_variant`` dict; ``clusters`` >= 1 (``arch.num_clusters``).
-    Returns an int in [1, clusters]. Raises KeyError when ``params`` lacks mainloop / block_m.
+    Returns an int in [1, clusters]. Raises KeyError when ``params`` lacks mainloop / block_m,
+    TypeError / ValueError when ``clusters`` is not an int >= 1.
     """
+    clusters = _require_int("clusters", clusters)
+    if clusters < 1:
+        raise ValueError(f"clusters must be >= 1, got {clusters}")
     if params["mainloop"] in PAIRED_HALF_LOOPS and params["block_m"] == 128:
         return max(1, (clusters + 1) // 2)
     if params["mainloop"] in DUAL_LOOPS:

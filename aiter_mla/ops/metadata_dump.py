@@ -64,7 +64,8 @@ def build(args):
         try:
             clusters = arch.num_clusters(args.heads, max_q)
         except RuntimeError:
-            clusters = 132  # an H200 (no GPU visible here and CU_NUM unset)
+            # an H200 (no GPU visible here and CU_NUM unset), with the shape's work lists per SM
+            clusters = 132 * arch.occupancy(args.heads, max_q)
     qo, kv, lpl = [0], [0], []
     for t, q in zip(tokens, qlens):
         pages = -(-t // ps)
@@ -187,8 +188,8 @@ def register(subparsers) -> None:
     p.add_argument("--kv-granularity", type=int, default=None,
                    help="pages per cost block (default max(1, 64 // page_size), as the decode op)")
     p.add_argument("--clusters", type=int, default=None,
-                   help="work lists (default: num_CU x occupancy of the GPU or CU_NUM; 132 if "
-                        "neither)")
+                   help="work lists (default: num_CU x occupancy of the GPU or CU_NUM; 132 x "
+                        "occupancy if neither: 264 for the <= 32-row shapes)")
     p.add_argument("--max-split-per-batch", type=int, default=-1)
     p.add_argument("--seed", type=int, default=0, help="seed for --ctx LO-HI")
     p.add_argument("--works", action="store_true", help="also list every work record")
