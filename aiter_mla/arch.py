@@ -92,18 +92,28 @@ def num_cu(device=None) -> int:
     return _device_multiprocessors(index)
 
 
-def num_clusters(num_heads: int, max_seqlen_q: int, num_heads_k: int = 1, device=None) -> int:
-    """Number of persistent work lists: ``num_CU x occupancy / num_heads_k``.
+def ctas_per_work(num_heads: int, max_seqlen_q: int) -> int:
+    """CTAs (multiprocessors) one work occupies at once: 2 for the 128-row tile (two 64-row
+    CTAs on the same KV), else 1."""
+    return tile_rows(num_heads, max_seqlen_q) // 64
 
-    Source: AITER ``get_mla_metadata_v1_2_device`` (#3072). Raises TypeError when an
-    argument is not an int, ValueError for ``num_heads_k < 1``.
+
+def num_clusters(num_heads: int, max_seqlen_q: int, num_heads_k: int = 1, device=None) -> int:
+    """Number of persistent work lists: ``num_CU x occupancy / (ctas_per_work x num_heads_k)``.
+
+    Source: AITER ``get_mla_metadata_v1_2_device`` (#3072): num_CU x occupancy / num_heads_k.
+    Ours divides by ``ctas_per_work`` too: a 128-row work runs on two CTAs at once, so an H200
+    holds 66 of them, not 132 (with 132 lists, every batch below 132 was split and the reduce
+    cost 24 us of 266 at fp8 (128,1) b64 ctx 8192; docs/perf/notes.md change 13). Raises
+    TypeError when an argument is not an int, ValueError for ``num_heads_k < 1``.
     """
     for name, value in (("num_heads", num_heads), ("max_seqlen_q", max_seqlen_q), ("num_heads_k", num_heads_k)):
         if isinstance(value, bool) or not hasattr(type(value), "__index__"):
             raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if num_heads_k < 1:
         raise ValueError(f"num_heads_k must be >= 1, got {num_heads_k}")
-    return max(1, num_cu(device) * occupancy(num_heads, max_seqlen_q) // num_heads_k)
+    lists = num_cu(device) * occupancy(num_heads, max_seqlen_q)
+    return max(1, lists // (ctas_per_work(num_heads, max_seqlen_q) * num_heads_k))
 
 
 def current_arch() -> str:

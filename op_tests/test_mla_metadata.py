@@ -431,19 +431,20 @@ def test_info_shapes_and_order(monkeypatch):
     monkeypatch.setenv("CU_NUM", "132")
     monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", "0")
     info = md.get_mla_metadata_info_v1(256, 1, 128, torch.float8_e4m3fn, torch.float8_e4m3fn)
-    assert info == [((2,), torch.uint64), ((133,), torch.int32), ((256 + 131, 8), torch.int32),
-                    ((257,), torch.int32), ((256, 2), torch.int32), ((262,), torch.int32)]
+    # (128,1): a 128-row work occupies two SMs, so 132 SMs hold 66 work lists
+    assert info == [((2,), torch.uint64), ((67,), torch.int32), ((256 + 65, 8), torch.int32),
+                    ((257,), torch.int32), ((256, 2), torch.int32), ((130,), torch.int32)]
     # m16x4 (heads x qlen == 64) doubles the clusters only with AITER_ENABLE_EXPERIMENTAL
     assert md.get_mla_metadata_info_v1(4, 4, 16, None, None)[1][0] == (133,)
     monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", "1")
     assert md.get_mla_metadata_info_v1(4, 4, 16, None, None)[1][0] == (265,)
-    assert md.get_mla_metadata_info_v1(4, 1, 128, None, None)[1][0] == (133,)
+    assert md.get_mla_metadata_info_v1(4, 1, 128, None, None)[1][0] == (67,)
     assert arch.num_clusters(16, 4) == 264
     # the <= 32-row shapes have two work lists per multiprocessor in any mode (wgmma_dual)
     for experimental in ("0", "1"):
         monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", experimental)
         assert [arch.num_clusters(h, q) for h, q in ((16, 1), (32, 1), (16, 2), (64, 1), (128, 1))] == [
-            264, 264, 264, 264 if experimental == "1" else 132, 132]
+            264, 264, 264, 264 if experimental == "1" else 132, 66]
 
 
 @pytest.mark.parametrize("kw", [dict(is_sparse=True), dict(intra_batch_mode=True),
@@ -557,7 +558,8 @@ def test_metadata_cli_dump(capsys):
 
 def test_metadata_cli_default_clusters_follow_occupancy(capsys, monkeypatch):
     """Without --clusters, no GPU and no CU_NUM, the dump plans for an H200 with the shape's
-    work lists per SM: 264 for (16,1) (two per SM), 132 for (128,1); it printed 132 for both."""
+    work lists per SM: 264 for (16,1) (two per SM), 132 for (64,1), 66 for (128,1) (a work
+    on two SMs); it printed 132 for all."""
     import json
 
     from aiter_mla import arch as arch_mod
@@ -568,7 +570,7 @@ def test_metadata_cli_default_clusters_follow_occupancy(capsys, monkeypatch):
 
     monkeypatch.delenv("CU_NUM", raising=False)
     monkeypatch.setattr(arch_mod, "num_cu", no_gpu)
-    for heads, want in ((16, 264), (128, 132)):
+    for heads, want in ((16, 264), (64, 132), (128, 66)):
         assert main(["metadata", "--batch", "4", "--ctx", "8192", "--heads", str(heads), "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["num_clusters"] == want
 

@@ -321,17 +321,16 @@ def test_variant_selection():
 
 
 def test_launch_grid_x():
-    """The producer-warp loops (wgmma_ws / _ovl / _ot / _seesaw / _rs) run both 64-row halves of a 128-row work at once (grid.x = ceil(clusters / 2));
-    wgmma_dual runs two clusters per CTA (one per warpgroup, ceil(clusters / 2) too); every
-    other variant launches one CTA column per cluster."""
+    """wgmma_dual runs two clusters per CTA (one per warpgroup, grid.x = ceil(clusters / 2));
+    every other variant launches one CTA column per cluster (a 128-row work's two 64-row CTAs
+    are the column's blockIdx.y 0 / 1, and arch.num_clusters gives those shapes num_cu / 2)."""
     for loop in dec.MAINLOOPS:
         for heads, qlen in [(128, 1), (16, 1), (16, 4)]:
             if loop == "wgmma_dual" and heads * qlen > 32:
                 continue
             v = dec.decode_variant(heads, qlen, 64, FP8, FP8, mainloop=loop)
             for clusters in (1, 7, 132):
-                paired = loop in ("wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw", "wgmma_rs") and v["block_m"] == 128
-                want = (clusters + 1) // 2 if paired or loop == "wgmma_dual" else clusters
+                want = (clusters + 1) // 2 if loop == "wgmma_dual" else clusters
                 assert dec.launch_grid_x(v, clusters) == want
 
 

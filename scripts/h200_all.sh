@@ -25,7 +25,7 @@ if [ "${FIGURES:-0}" = 1 ]; then
   cp docs/perf/jit.* docs/perf/metadata_h200.* "$logs/" 2>/dev/null
 fi
 tar czf "$OUT/tests.tgz" -C "$logs" .   # in case the sweeps run out of time
-OUT=$logs timeout 200 bash scripts/h200_bench.sh "$COMMIT" >"$logs/bench_summary.log" 2>&1
+OUT=$logs timeout 280 bash scripts/h200_bench.sh "$COMMIT" >"$logs/bench_summary.log" 2>&1
 echo "== bench rc=$?"
 tar czf "$OUT/all.tgz" -C "$logs" .
 AITER_MLA_EXTRA_NVCC_FLAGS=$DBG timeout 120 python3 -m pytest -q -p no:cacheprovider op_tests/test_mla_persistent.py \

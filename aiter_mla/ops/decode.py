@@ -118,9 +118,6 @@ DEFAULT_MAINLOOP = {"fp8": "wgmma_ot", "bf16": "wgmma_ws"}
 #: b128 ctx 4096 129.4 / 115.4, (16,1) b64 ctx 3200 58.2 / 57.7; 9/9 accuracy cases.
 FEW_ROWS_MAINLOOP = {"fp8": "wgmma_dual", "bf16": "wgmma_ws"}
 
-#: Main loops whose 128-row works run both 64-row CTAs at once (see ``launch_grid_x``).
-PAIRED_HALF_LOOPS = ("wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw", "wgmma_rs")
-
 _DEFAULT_SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
 
 # q, kv, kv_rows, then 10 more pointers (see aiter_mla_decode in templates/mla_decode.cu.j2).
@@ -253,13 +250,12 @@ def launch_grid_x(params: dict, clusters: int) -> int:
     """grid.x of the decode launch for a variant ``params`` and ``clusters`` work lists.
 
     The kernel runs grid (grid_x, block_m / 64); CTA x walks clusters x, x + grid_x, ...
-    The producer-warp loops (``PAIRED_HALF_LOOPS``) with block_m 128 launch ceil(clusters / 2) so that the two 64-row CTAs of
-    a work run at the same time on the ~num_cu SMs (one CTA fits an SM) and the second reads the
-    KV from L2 (FlashMLA sizes its grid the same way: num_sm_parts = num_sms / m_blocks); with
-    grid_x = clusters the second halves would run as a second wave and read the KV from HBM
-    again. ``DUAL_LOOPS`` launch ceil(clusters / 2) too: CTA x runs clusters 2x and 2x + 1
-    (+ 2 grid_x, ...), one per consumer warpgroup. Every other variant launches one CTA column
-    per cluster.
+    Every variant but ``DUAL_LOOPS`` launches one CTA column per cluster: with block_m 128 the
+    two 64-row CTAs of a work (blockIdx.y 0 / 1) run at the same time, and the second reads the
+    KV from L2, since ``arch.num_clusters`` gives those shapes num_cu / 2 lists (FlashMLA sizes
+    its grid the same way: num_sm_parts = num_sms / m_blocks). ``DUAL_LOOPS`` launch
+    ceil(clusters / 2): CTA x runs clusters 2x and 2x + 1 (+ 2 grid_x, ...), one per consumer
+    warpgroup.
 
     Args: ``params`` a ``decode_variant`` dict; ``clusters`` >= 1 (``arch.num_clusters``).
     Returns an int in [1, clusters]. Raises KeyError when ``params`` lacks mainloop / block_m,
@@ -268,8 +264,6 @@ def launch_grid_x(params: dict, clusters: int) -> int:
     clusters = _require_int("clusters", clusters)
     if clusters < 1:
         raise ValueError(f"clusters must be >= 1, got {clusters}")
-    if params["mainloop"] in PAIRED_HALF_LOOPS and params["block_m"] == 128:
-        return max(1, (clusters + 1) // 2)
     if params["mainloop"] in DUAL_LOOPS:
         return max(1, (clusters + 1) // 2)   # CTA x runs clusters 2x (warpgroup 0) and 2x + 1
     return clusters

@@ -136,7 +136,7 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     5. ``reduce_partial_map`` (min(B + C - 1, 2 (C - 1)),) int32
 
     B = ``batch_size`` (the most batches the buffers will be planned for), C =
-    :func:`aiter_mla.arch.num_clusters` (num_CU x occupancy; ``CU_NUM`` overrides num_CU).
+    :func:`aiter_mla.arch.num_clusters` (num_CU x occupancy / CTAs per work; ``CU_NUM`` overrides num_CU).
     One qo tile per batch, so ``num_head_qo * max_seqlen_qo`` must be <= 128. The decode op's
     partial buffers need ``entries * max_seqlen_qo`` token rows. ``q_dtype``, ``kv_dtype`` and
     ``num_kv_splits`` do not change the sizes (AITER uses them for gfx950-only shapes and for

@@ -64,8 +64,8 @@ def build(args):
         try:
             clusters = arch.num_clusters(args.heads, max_q)
         except RuntimeError:
-            # an H200 (no GPU visible here and CU_NUM unset), with the shape's work lists per SM
-            clusters = 132 * arch.occupancy(args.heads, max_q)
+            # an H200 (no GPU visible here and CU_NUM unset), as arch.num_clusters counts
+            clusters = max(1, 132 * arch.occupancy(args.heads, max_q) // arch.ctas_per_work(args.heads, max_q))
     qo, kv, lpl = [0], [0], []
     for t, q in zip(tokens, qlens):
         pages = -(-t // ps)
@@ -188,8 +188,9 @@ def register(subparsers) -> None:
     p.add_argument("--kv-granularity", type=int, default=None,
                    help="pages per cost block (default max(1, 64 // page_size), as the decode op)")
     p.add_argument("--clusters", type=int, default=None,
-                   help="work lists (default: num_CU x occupancy of the GPU or CU_NUM; 132 x "
-                        "occupancy if neither: 264 for the <= 32-row shapes)")
+                   help="work lists (default: aiter_mla.arch.num_clusters for the GPU or CU_NUM, "
+                        "an H200's 132 SMs if neither: 66 for 128-row shapes, 132 for 64 rows, "
+                        "264 for the <= 32-row shapes)")
     p.add_argument("--max-split-per-batch", type=int, default=-1)
     p.add_argument("--seed", type=int, default=0, help="seed for --ctx LO-HI")
     p.add_argument("--works", action="store_true", help="also list every work record")
