@@ -13,31 +13,11 @@ import torch
 sys.path.insert(0, os.getcwd())
 import aiter_mla  # noqa: E402
 import op_tests.test_mla_persistent as T  # noqa: E402
-from aiter_mla.ops import decode as dec  # noqa: E402
+from scripts.dev.graph_timing import graph_us  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 CASES = [(16, 1, 1, 21), (16, 1, 64, 3200), (16, 1, 64, 8192), (16, 1, 128, 3200), (16, 1, 128, 8192),
          (16, 1, 256, 8192), (128, 1, 64, 3200), (128, 1, 64, 8192)]
-
-
-def graph_us(fn, reps=20, calls=8):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / calls)
-    return sorted(ts)[reps // 2]
 
 
 rows = [f"{'case':28s} {'clusters':>8s} {'works':>6s} {'splits':>6s} {'full us':>8s} {'decode':>8s} {'reduce':>8s}"]

@@ -1,19 +1,19 @@
-"""CUDA-graph timing shared by the scripts/dev device checks (fp8_loop_check.py, rs_knockout.py)."""
+"""CUDA-graph timing shared by the scripts/dev device checks (fp8_loop_check.py, rs_knockout.py,
+fixed_cost_probe.py)."""
 import torch
 
 import op_tests.test_mla_persistent as T
 
 
-def time_case(c, bufs, heads, reps=20, calls=8):
-    """Median µs per decode + reduce call of case ``c`` (``T.plan`` buffers ``bufs``): ``calls``
-    calls captured in one graph, ``reps`` replays. Returns (µs, the output tensor)."""
-    o = torch.empty((c.q.shape[0], heads, 512), dtype=torch.bfloat16, device="cuda")
-    T.decode_with(c, bufs, o, lse_out=False)
+def graph_us(fn, reps=20, calls=8):
+    """Median µs per call of ``fn`` (run once first): ``calls`` calls captured in one graph,
+    ``reps`` replays."""
+    fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(calls):
-            T.decode_with(c, bufs, o, lse_out=False)
+            fn()
     g.replay()
     torch.cuda.synchronize()
     ts = []
@@ -25,4 +25,11 @@ def time_case(c, bufs, heads, reps=20, calls=8):
         b.synchronize()
         ts.append(a.elapsed_time(b) * 1000 / calls)
     ts.sort()
-    return ts[len(ts) // 2], o
+    return ts[len(ts) // 2]
+
+
+def time_case(c, bufs, heads, reps=20, calls=8):
+    """Median µs per decode + reduce call of case ``c`` (``T.plan`` buffers ``bufs``). Returns
+    (µs, the output tensor)."""
+    o = torch.empty((c.q.shape[0], heads, 512), dtype=torch.bfloat16, device="cuda")
+    return graph_us(lambda: T.decode_with(c, bufs, o, lse_out=False), reps, calls), o
