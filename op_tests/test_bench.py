@@ -581,9 +581,14 @@ def test_mainloop_flag_selects_the_ops_loop_or_refuses(monkeypatch, capsys):
     assert commands.run(args) == 0 and seen["loop"] == "wgmma_ws"
     assert "--mainloop wgmma_ws" in commands.command_line(args)
     # a <= 32-row loop on a sweep with wider shapes says which loop those use
+    decode.FEW_ROWS_MAINLOOP["fp8"] = "wgmma_ot"   # (restored by monkeypatch)
+    def fake_compile_only_few(args):
+        seen["few"] = decode.FEW_ROWS_MAINLOOP["fp8"]
+        return 0
+    monkeypatch.setattr(commands, "compile_only", fake_compile_only_few)
     assert commands.run(parser.parse_args(["--compile-only", "-n", "16,1", "128,1", "--mainloop", "wgmma_dual"])) == 0
     assert "runs the <= 32-row shapes only; (128,1) use wgmma_" in capsys.readouterr().err
-    assert decode.FEW_ROWS_MAINLOOP["fp8"] == "wgmma_dual"
+    assert seen["few"] == "wgmma_dual"
     for argv, needle in [(["--mainloop", "tma"], "must be one of"),
                          (["-d", "bf16", "-kvd", "bf16", "--mainloop", "wgmma_ot"], "has kernels for kv dtypes")]:
         assert commands.run(parser.parse_args(["--compile-only", *argv])) == 2

@@ -62,6 +62,10 @@ def _all_variants(loops=dec.MAINLOOPS):
     return out
 
 
+#: Rows (heads x qlen) of the tests that take no heads / qlen parameter and run one fixed shape.
+FIXED_SHAPE_ROWS = {"test_partial_last_page_nan": 32, "test_dual_rings_wrap_with_one_cta": 16}
+
+
 @pytest.fixture(params=dec.MAINLOOPS)
 def mainloop(request, monkeypatch):
     """Runs the test with every op call on the given sm_90a main loop (for the dtypes it has a
@@ -70,8 +74,15 @@ def mainloop(request, monkeypatch):
     dtype = params.get("dtype")
     if dtype is not None and dtype not in dec.MAINLOOP_DTYPES[request.param]:
         pytest.skip(f"mainloop {request.param} has no {dtype} kernel")
-    if request.param in dec.DUAL_LOOPS and params.get("heads", 1) * params.get("qlen", 1) > dec.FEW_ROWS:
-        pytest.skip(f"mainloop {request.param} runs <= {dec.FEW_ROWS} rows only (the others run DEFAULT_MAINLOOP)")
+    if request.param in dec.DUAL_LOOPS:
+        # only shapes of <= FEW_ROWS rows reach a dual loop; a test without a shape parameter
+        # runs one only if listed (the others would re-test the default loops under its name)
+        if "heads" in params:
+            rows = params["heads"] * params["qlen"]
+        else:
+            rows = FIXED_SHAPE_ROWS.get(request.node.originalname, dec.FEW_ROWS + 1)
+        if rows > dec.FEW_ROWS:
+            pytest.skip(f"mainloop {request.param} runs <= {dec.FEW_ROWS} rows only; this case has {rows}")
     for dt in DTYPES:
         if dt in dec.MAINLOOP_DTYPES[request.param]:
             monkeypatch.setitem(dec.DEFAULT_MAINLOOP, dt, dec.DEFAULT_MAINLOOP[dt])
@@ -360,7 +371,7 @@ def test_shapes(warm, mainloop, heads, qlen, page_size, dtype):
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("sm_scale", [-SM_SCALE, 0.0])
-@pytest.mark.parametrize("heads,qlen,page_size", [(128, 1, 64), (16, 4, 16)])
+@pytest.mark.parametrize("heads,qlen,page_size", [(128, 1, 64), (16, 4, 16), (16, 2, 16)])
 def test_sm_scale_sign(warm, mainloop, heads, qlen, page_size, sm_scale, dtype):
     """A scale <= 0 is exact too: the kernels fold the scale into the exponent only when it is
     positive (max(s) * scale = max(s * scale) needs scale > 0)."""
@@ -385,7 +396,7 @@ def test_sm_scale_sign(warm, mainloop, heads, qlen, page_size, sm_scale, dtype):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("ctx", [1, 21, 64, 513, 1200, 8192])
 @pytest.mark.parametrize("batch", [1, 3, 16, 128])
-@pytest.mark.parametrize("heads,qlen", [(128, 1), (16, 4)])
+@pytest.mark.parametrize("heads,qlen", [(128, 1), (16, 4), (16, 1)])
 def test_batch_ctx(warm, mainloop, heads, qlen, batch, ctx, dtype):
     P = 64 if dtype == "fp8" else 16
     c = make_case(heads, qlen, P, DTYPES[dtype], [ctx] * batch, seed=batch * 7 + ctx)
@@ -429,7 +440,7 @@ def test_all_kv_empty(warm, mainloop):
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("heads,qlen", [(16, 4), (128, 1), (64, 2)])
+@pytest.mark.parametrize("heads,qlen", [(16, 4), (128, 1), (64, 2), (16, 1)])
 def test_mixed_empty(warm, mainloop, heads, qlen):
     c = make_case(heads, qlen, 16, FP8, [0, 37, 0, 1300, 1, 0, 3], seed=11)
     o, lse, _ = run_decode(c)
@@ -438,6 +449,17 @@ def test_mixed_empty(warm, mainloop, heads, qlen):
     for b in (0, 2, 5):
         assert bool((o[qo[b]:qo[b + 1]] == 0).all())
         assert bool(torch.isposinf(lse[qo[b]:qo[b + 1]]).all())
+
+
+@gpu
+@needs_gpu
+def test_dual_rings_wrap_with_one_cta(warm, mainloop, monkeypatch):
+    """CU_NUM=1: 2 work lists (one CTA; wgmma_dual: one per warpgroup) over long contexts, so
+    every KV ring wraps many times (its parity flips) and works change inside a list."""
+    monkeypatch.setenv("CU_NUM", "1")
+    c = make_case(16, 1, 64, FP8, [3000, 1, 0, 700, 129], seed=17)
+    o, lse, _ = run_decode(c)
+    check("(16,1) CU_NUM=1 ring wrap", c, o, lse)
 
 
 @gpu
@@ -454,7 +476,7 @@ def test_partial_last_page_nan(warm, mainloop, dtype):
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("heads,qlen", [(16, 4), (128, 1)])
+@pytest.mark.parametrize("heads,qlen", [(16, 4), (128, 1), (32, 1)])
 def test_page_size_equivalence(warm, mainloop, heads, qlen, dtype):
     """The same tokens laid out with page sizes 1, 16, 64 give the same attention."""
     kv_lens = [17, 33, 75, 197]
@@ -541,7 +563,7 @@ def manual_schedule(c: Case, cuts: dict, num_clusters: int):
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("heads,qlen,P", [(16, 4, 64), (32, 4, 64), (128, 1, 16), (16, 8, 16)])
+@pytest.mark.parametrize("heads,qlen,P", [(16, 4, 64), (32, 4, 64), (128, 1, 16), (16, 8, 16), (16, 1, 64), (16, 2, 16)])
 def test_manual_splits(warm, mainloop, heads, qlen, P, dtype):
     """Split pieces incl. a tail piece holding fewer tokens than qlen (spec 5.6: early rows see
     no key -> partial 0 / LSE -inf) and an empty batch, checked partial by partial."""
@@ -629,6 +651,27 @@ def test_input_errors(warm, mainloop):
     bad[0] = 10_000
     with pytest.raises(ValueError, match="kv_indices"):
         call(kv_indices=bad)
+    # q length 4 under a declared max of 2 ((16,2) is a supported shape): a tile would drop rows
+    with pytest.raises(ValueError, match="max_seqlen_q = 2 must be >= every q length; batch 0 has 4"):
+        call(max_seqlen_q=2)
+
+
+@gpu
+@needs_gpu
+def test_schedule_with_more_lists_than_the_launch_is_refused(warm):
+    """A hand-built schedule (not planned in this process) whose works sit in lists past
+    arch.num_clusters would leave them unrun: refused, naming work_indptr."""
+    c = make_case(128, 1, 16, FP8, [300, 40], seed=52)
+    clusters = arch.num_clusters(128, 1)
+    work_indptr, work_info_set, _, _, _, n_rows = manual_schedule(c, {0: [1]}, clusters + 2)
+    assert int(work_indptr[clusters]) < int(work_indptr[-1])   # works in the extra lists
+    split_out = torch.zeros((max(1, n_rows), 1, 128, DV), device="cuda")
+    split_lse = torch.zeros((max(1, n_rows), 1, 128, 1), device="cuda")
+    o = torch.zeros((c.q.shape[0], 128, DV), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match=f"work_indptr\\[{clusters}\\] = .* must equal work_indptr\\[-1\\]"):
+        aiter_mla.hk_mla_decode_fwd(c.q, c.kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens,
+                                    work_indptr, work_info_set, 1, SM_SCALE, split_out, split_lse, o,
+                                    q_scale=c.q_scale, kv_scale=c.kv_scale)
 
 
 # ------------------------------------------------------------------------------------------
@@ -672,7 +715,7 @@ def decode_with(c: Case, bufs, o, lse_out=True):
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("heads,qlen", [(128, 1), (16, 4)])
+@pytest.mark.parametrize("heads,qlen", [(128, 1), (16, 4), (16, 1)])
 def test_cuda_graph_replay_new_lengths(warm, mainloop, heads, qlen):
     """Capture decode + reduce once; re-fill lengths and metadata on the device; replay."""
     P = 16

@@ -315,9 +315,11 @@ def _index_key(*ts: torch.Tensor) -> tuple:
 
 
 def _check_index_values(qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, total_q: int,
-                        num_pages: int, page_size: int) -> None:
+                        num_pages: int, page_size: int, max_seqlen_q: int, work_indptr,
+                        clusters: int) -> None:
     """One device->host read validating index values; cached per (tensors, versions)."""
-    key = _index_key(qo_indptr, kv_indptr, kv_indices, kv_last_page_lens) + (total_q, num_pages, page_size)
+    key = _index_key(qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr) + (
+        total_q, num_pages, page_size, max_seqlen_q, clusters)
     if key in _validated:
         return
     B = qo_indptr.numel() - 1
@@ -333,14 +335,26 @@ def _check_index_values(qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, tot
         ((pages > 0) & ((last < 1) | (last > page_size))).sum(),
         bad_idx.sum(),
         (bad_idx.cumsum(0) == 0).sum(),   # position of the first bad index
+        ((qo_indptr[1:] - qo_indptr[:-1]) > max_seqlen_q).sum(),
+        ((qo_indptr[1:] - qo_indptr[:-1]) <= max_seqlen_q).cumprod(0).sum(),   # first long batch
+        work_indptr[clusters].long(), work_indptr[-1].long(),
     ]).tolist()
-    q0, qend, q_desc, k0, kend, k_desc, bad_last, n_bad_idx, first_bad = stats
+    q0, qend, q_desc, k0, kend, k_desc, bad_last, n_bad_idx, first_bad, n_long, first_long, w_run, w_all = stats
     if q0 != 0:
         raise ValueError(f"qo_indptr[0] must be 0, got {q0}")
     if qend != total_q:
         raise ValueError(f"qo_indptr[-1] must equal the q rows (query.shape[0] = {total_q}), got {qend}")
     if q_desc:
         raise ValueError("qo_indptr must be non-decreasing")
+    if n_long:
+        # a kernel tile holds max_seqlen_q tokens of a batch: longer ones would lose rows
+        b = int(first_long)
+        raise ValueError(f"max_seqlen_q = {max_seqlen_q} must be >= every q length; batch {b} has "
+                         f"{int(qo_indptr[b + 1] - qo_indptr[b])} ({n_long} batch(es) longer)")
+    if w_run != w_all:
+        raise ValueError(f"work_indptr[{clusters}] = {w_run} must equal work_indptr[-1] = {w_all}: the "
+                         f"launch runs arch.num_clusters = {clusters} work lists, and works past them "
+                         f"would never run (a schedule planned for another list count or CU_NUM?)")
     if k0 != 0:
         raise ValueError(f"kv_indptr[0] must be 0, got {k0}")
     if k_desc:
@@ -500,8 +514,12 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
     _check_scale(q_scale, "q_scale", device)
     _check_scale(kv_scale, "kv_scale", device)
     _check_plan(work_info_set, work_indptr, num_heads, int(max_seqlen_q), page_size, batch, device)
+    clusters = arch.num_clusters(num_heads, int(max_seqlen_q), device=device)
+    if work_indptr.numel() < clusters + 1:
+        raise ValueError(f"work_indptr must hold num_clusters + 1 = {clusters + 1} entries "
+                         f"(aiter_mla.arch.num_clusters), got {work_indptr.numel()}")
     _check_index_values(qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, total_q,
-                        int(kv_buffer.shape[0]), page_size)
+                        int(kv_buffer.shape[0]), page_size, int(max_seqlen_q), work_indptr, clusters)
 
 
 def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
