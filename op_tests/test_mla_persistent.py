@@ -327,6 +327,8 @@ def test_variant_selection():
             dec.decode_variant(heads, qlen, 64, FP8, FP8)
     with pytest.raises(NotImplementedError, match="dtype"):
         dec.decode_variant(128, 1, 64, FP8, torch.bfloat16)
+    with pytest.raises(TypeError, match="q_dtype must be a torch.dtype .*'fp8' \\(str\\)"):
+        dec.decode_variant(16, 1, 64, "fp8", "fp8")
     with pytest.raises(NotImplementedError, match="page_size"):
         dec.decode_variant(128, 1, 48, FP8, FP8)
 

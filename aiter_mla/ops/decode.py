@@ -159,7 +159,7 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
     ``FEW_ROWS`` and ``DEFAULT_MAINLOOP[dtype]`` above).
 
     Raises TypeError when num_heads / max_seqlen_q / page_size is not an int (bools and floats
-    included), NotImplementedError (listing what is supported) for any other shape or dtype pair,
+    included) or q_dtype / kv_dtype is not a torch.dtype, NotImplementedError (listing what is supported) for any other shape or dtype pair,
     ValueError for an unknown ``mainloop``, one without a kernel for the dtype
     (``MAINLOOP_DTYPES``), or a ``DUAL_LOOPS`` loop for more than ``FEW_ROWS`` rows.
     """
@@ -170,6 +170,10 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
     if key not in SUPPORTED_SHAPES:
         raise NotImplementedError(
             f"mla decode: (num_heads, max_seqlen_q) = {key} is not supported; {_supported_text()}")
+    for name, dt in (("q_dtype", q_dtype), ("kv_dtype", kv_dtype)):
+        if not isinstance(dt, torch.dtype):
+            raise TypeError(f"{name} must be a torch.dtype (torch.float8_e4m3fn or torch.bfloat16), "
+                            f"got {dt!r} ({type(dt).__name__})")
     if q_dtype not in SUPPORTED_DTYPES or kv_dtype != q_dtype:
         raise NotImplementedError(
             f"mla decode: q dtype {q_dtype} with kv dtype {kv_dtype} is not supported; "
