@@ -13,6 +13,7 @@ split, and AITER's variable names where AITER has one (``AITER_REBUILD``,
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 
@@ -131,8 +132,9 @@ def get_int(name: str, default: int = 0) -> int:
     try:
         number = int(value.strip())
     except ValueError:
-        if var.lenient:
-            return default
+        if var.lenient:   # C atoi: the leading [+-]digits ("2x" is 2), none at all is 0
+            prefix = re.match(r"\s*([+-]?\d+)", value)
+            return int(prefix.group(1)) if prefix else default
         raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
     if var.kind == "positive int" and number <= 0:
         raise ValueError(f"environment variable {name} must be a positive integer, got {value!r}")
@@ -201,8 +203,24 @@ def child_environ(**overrides: str) -> dict[str, str]:
     return child
 
 
+def _flag_words(value: str) -> str:
+    """Extra compiler flags as the compiler gets them (shlex words), so " -DX " and "-DX"
+    share a build; unbalanced quotes stay as written (the build reports them)."""
+    import shlex
+
+    try:
+        return shlex.join(shlex.split(value))
+    except ValueError:
+        return value
+
+
 def key_items() -> dict[str, str]:
-    """The key-changing variables, normalised for the JIT cache key: unset == default, and a
-    flag by its meaning ("1" / "0"), so ``AITER_MLA_LINEINFO=yes`` and ``=1`` share a build."""
-    return {n: (("1" if get_flag(n) else "0") if v.kind == "flag" else (get(n) or ""))
-            for n, v in sorted(_REGISTRY.items()) if v.key_changing}
+    """The key-changing variables, normalised for the JIT cache key: unset == default, a flag
+    by its meaning ("1" / "0"), so ``AITER_MLA_LINEINFO=yes`` and ``=1`` share a build, and
+    extra compiler flags (``*_FLAGS``) by their words."""
+    def value(n: str, v: EnvVar) -> str:
+        if v.kind == "flag":
+            return "1" if get_flag(n) else "0"
+        text = get(n) or ""
+        return _flag_words(text) if n.endswith("_FLAGS") else text
+    return {n: value(n, v) for n, v in sorted(_REGISTRY.items()) if v.key_changing}

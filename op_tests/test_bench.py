@@ -413,7 +413,8 @@ def test_compile_only_builds_one_decode_variant_per_tile_shape(tmp_path):
 
 
 def test_compile_only_unsupported_shape(capsys):
-    assert main(["bench", "--compile-only", "-n", "48,1", "--no-progress"]) == 1
+    # an argument error: exit 2, as for a bad --mainloop (it was 1)
+    assert main(["bench", "--compile-only", "-n", "48,1", "--no-progress"]) == 2
     assert "(48, 1) is not supported" in capsys.readouterr().err
 
 

@@ -70,7 +70,9 @@ def test_declarations_are_documented_and_classified():
 
 
 def test_int_parsing_follows_aiter(monkeypatch):
-    for value, on in (("0", False), ("", False), ("abc", False), ("1", True), (" 2 ", True)):
+    # C atoi: the leading [+-]digits count ("2x" is 2 and on, "0x1" is 0 and off)
+    for value, on in (("0", False), ("", False), ("abc", False), ("1", True), (" 2 ", True),
+                      ("2x", True), ("0x1", False), ("+1", True), ("-3junk", True), ("x1", False)):
         monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", value)
         assert env.get_flag("AITER_ENABLE_EXPERIMENTAL") is on
 
@@ -132,3 +134,12 @@ def test_flag_spellings_share_one_cache_key(monkeypatch):
     for value in ("0", "false", "off", ""):
         monkeypatch.setenv("AITER_MLA_LINEINFO", value)
         assert env.key_items()["AITER_MLA_LINEINFO"] == "0"
+
+
+def test_extra_flags_enter_the_key_by_their_words(monkeypatch):
+    """" -DFOO " and "-DFOO" are the same compiler command: one cache key (they made two)."""
+    keys = []
+    for value in ("-DFOO", " -DFOO  ", "-DFOO -DBAR"):
+        monkeypatch.setenv("AITER_MLA_EXTRA_NVCC_FLAGS", value)
+        keys.append(env.key_items()["AITER_MLA_EXTRA_NVCC_FLAGS"])
+    assert keys[0] == keys[1] != keys[2]

@@ -238,3 +238,14 @@ def test_arch_option_and_arch_param_must_agree(jit_clean, capsys):
     """--arch used to win silently over a different --param arch."""
     assert main(["jit", "build", "mla_reduce", "--arch", "sm_90a", "--param", "arch=gfx942"]) == 1
     assert "--arch sm_90a and --param arch=gfx942 disagree" in capsys.readouterr().err
+
+
+def test_list_with_a_missing_template_lists_and_exits_1(fake_jit, capsys, monkeypatch, tmp_path):
+    """AITER_MLA_TEMPLATES_DIR pointing nowhere: every variant is listed as unknown, and the
+    exit status says it failed (it was 0)."""
+    monkeypatch.setenv("AITER_MLA_TEMPLATES_DIR", str(tmp_path / "nonexistent"))
+    assert main(["jit", "list"]) == 1
+    assert "template missing" in capsys.readouterr().out
+    assert main(["jit", "list", "--json"]) == 1
+    mods = json.loads(capsys.readouterr().out)["modules"]
+    assert mods and not any(m["template_exists"] for m in mods)

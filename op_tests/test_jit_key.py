@@ -109,8 +109,34 @@ def test_compiler_identity_remembered_on_disk_by_path_size_mtime(fake_jit):
     assert len(records) == 1
     rec = json.loads(records[0].read_text())
     st = fake_jit.compiler.stat()
-    assert (rec["size"], rec["mtime_ns"]) == (st.st_size, st.st_mtime_ns)
+    assert (rec["identity"][0][2], rec["identity"][0][3]) == (st.st_size, st.st_mtime_ns)
     assert "fake nvcc" in rec["version"]
+
+
+def test_toolkit_switched_behind_a_wrapper_script_is_probed_again(tmp_path):
+    """A wrapper script (like /usr/local/bin/nvcc: exec /usr/local/cuda/bin/nvcc) whose target
+    moves (the cuda symlink re-pointed) is a different compiler: probed again, though the
+    wrapper itself did not change. The identity used to be the wrapper's path, size and mtime."""
+    from aiter_mla.jit import toolchain
+
+    for ver in ("12.4", "13.0"):
+        d = tmp_path / f"cuda-{ver}" / "bin"
+        d.mkdir(parents=True)
+        nv = d / "nvcc"
+        nv.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {ver}'\n")
+        nv.chmod(0o755)
+    link = tmp_path / "cuda"
+    link.symlink_to(tmp_path / "cuda-13.0")
+    wrapper = tmp_path / "nvcc"
+    wrapper.write_text(f"#!/bin/sh\nexec {link}/bin/nvcc \"$@\"\n")
+    wrapper.chmod(0o755)
+    ident = tmp_path / "toolchains"
+    ident.mkdir()
+    assert "release 13.0" in toolchain.compiler_version(str(wrapper), ident)
+    link.unlink()
+    link.symlink_to(tmp_path / "cuda-12.4")
+    toolchain._versions.clear()   # a new process: only the on-disk record remains
+    assert "release 12.4" in toolchain.compiler_version(str(wrapper), ident)
 
 
 @pytest.mark.parametrize("name", sorted(n for n, v in env.registry().items() if v.key_changing))

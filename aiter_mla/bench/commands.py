@@ -202,9 +202,9 @@ def compile_only(args: argparse.Namespace) -> int:
     from .variants import build_variants, format_build_table
 
     variants, message = _variants_or_message(args)
-    if message:
+    if message:   # an unsupported shape or dtype: an argument error, as for --mainloop
         print(message, file=sys.stderr)
-        return 1
+        return 2
     t0 = time.perf_counter()
     results = build_variants(variants, args.jobs, progress=not args.no_progress)
     print(format_build_table(results))
@@ -240,7 +240,7 @@ def bench(args: argparse.Namespace) -> int:
     variants, message = _variants_or_message(args)
     if message:
         print(message, file=sys.stderr)
-        return 1
+        return 2
     if args.no_peers:
         peers, notes = [], ["peers not run (--no-peers)"]
     else:

@@ -246,9 +246,11 @@ def cmd_list(args) -> int:
             if mod["module"] == meta["module"]:
                 mod["variants"].append({"params": meta.get("params"), "default": False,
                                         "status": "cached", "key": e["key"], "note": None})
+    # a missing template is a failure (README: every command exits non-zero on one), listed anyway
+    rc = 1 if any(not mod["template_exists"] for mod in rows) else 0
     if args.json:
         print(json.dumps({"cache_root": str(st.cache.root), "modules": rows}, indent=1))
-        return 0
+        return rc
     print(f"cache root: {st.cache.root}")
     for mod in rows:
         flags = []
@@ -264,12 +266,12 @@ def cmd_list(args) -> int:
             key = (v["key"] or "")[:12]
             note = f"  ({v['note']})" if v["note"] else ""
             print(f"  [{v['status']:>7}] {tag} {describe(mod['module'], v['params'])} {key}{note}")
-    return 0
+    return rc
 
 
 def cmd_clear(args) -> int:
     if bool(args.module) == bool(args.all):
-        raise ParamError("give a MODULE or --all (not both)")
+        raise ParamError("give a MODULE or --all, not both" if args.all else "give a MODULE or --all")
     cache = core._get_state().cache
     if args.module:
         load_config().module(args.module)  # unknown names are an error

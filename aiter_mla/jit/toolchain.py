@@ -208,21 +208,52 @@ def find_compiler(arch: str, identity_dir: Path | None) -> Compiler:
 
 _versions: dict[tuple, str] = {}
 
+# Absolute paths named in a wrapper script (e.g. /usr/local/bin/nvcc: exec /usr/local/cuda/bin/nvcc)
+_SCRIPT_PATH = re.compile(rb"(/[^\s'\"`;|&$()<>]+)")
+
+
+def _file_stamp(path: str) -> list:
+    st = os.stat(path)
+    return [os.path.abspath(path), os.path.realpath(path), st.st_size, st.st_mtime_ns]
+
+
+def compiler_identity(path: str) -> list:
+    """What identifies the compiler at ``path`` without running it: its path, resolved path,
+    size and mtime, and, when it is a script (``#!``), the same for every existing file whose
+    absolute path the script names. So a toolkit switched behind a wrapper script or a
+    symlinked directory (/usr/local/cuda -> cuda-12.4) is seen as a different compiler
+    (ccache's default "mtime" check misses both)."""
+    stamp = [_file_stamp(path)]
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+            if head == b"#!":   # a script: read it (a compiler binary is not read further)
+                head += f.read(65536)
+    except OSError:
+        return stamp
+    if head.startswith(b"#!"):
+        for token in dict.fromkeys(_SCRIPT_PATH.findall(head)):
+            named = token.decode(errors="replace")
+            if os.path.isfile(named):
+                stamp.append(_file_stamp(named))
+    return stamp
+
 
 def compiler_version(path: str, identity_dir: Path | None) -> str:
     """``path --version`` output, remembered in-process and on disk under ``identity_dir``
-    by the binary's (path, size, mtime); a changed binary is probed again."""
-    st = os.stat(path)
-    stamp = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    by ``compiler_identity(path)``; a changed binary (or a changed target of a wrapper script)
+    is probed again."""
+    stamp_list = compiler_identity(path)
+    stamp = json.dumps(stamp_list)
     version = _versions.get(stamp)
     if version is not None:
         return version
     record = None
     if identity_dir is not None:
-        record = identity_dir / (hashlib.sha256(stamp[0].encode()).hexdigest()[:32] + ".json")
+        record = identity_dir / (hashlib.sha256(stamp_list[0][0].encode()).hexdigest()[:32] + ".json")
         try:
             saved = json.loads(record.read_text())
-            if [saved["path"], saved["size"], saved["mtime_ns"]] == list(stamp):
+            if saved["identity"] == stamp_list:
                 _versions[stamp] = saved["version"]
                 return saved["version"]
         except (OSError, ValueError, KeyError, TypeError):
@@ -246,9 +277,8 @@ def compiler_version(path: str, identity_dir: Path | None) -> str:
     if record is not None:
         from .cache import atomic_write_text  # noqa: PLC0415 (cache imports this module)
 
-        atomic_write_text(record, json.dumps(
-            {"path": stamp[0], "size": stamp[1], "mtime_ns": stamp[2], "version": version}),
-            best_effort=True)
+        atomic_write_text(record, json.dumps({"identity": stamp_list, "version": version}),
+                          best_effort=True)
     return version
 
 
