@@ -228,8 +228,9 @@ def render_markdown(runs: dict) -> str:
     lines += [
         "",
         "What a warm hit in a new process does (no subprocess, no Jinja, no lock): read and",
-        "validate jit_config.json, find nvcc and read its remembered `--version` (by path, size,",
-        "mtime), hash the templates folder and the code that shapes builds into the lookup id,",
+        "validate jit_config.json, find nvcc and read its remembered `--version` (by path,",
+        "resolved path, size and mtime, and those of the files a wrapper script names), hash the",
+        "templates folder and the code that shapes builds into the lookup id,",
         "read `index/<id>` -> key, read `meta.json`, check the library's size and sha256 (about",
         "1 MB: the static CUDA runtime), `dlopen`. On the 2-core machine the sha256 and the",
         "`dlopen` are about 1.0 and 0.7 ms of it. The cold build is almost all nvcc compiling",
