@@ -103,7 +103,9 @@ def run(outdir):
         med = statistics.median
         rows.append(f"fp8 ({h},{q}) b{b} c{ctx}: warpgroups {len(recs)} (busy {len(busy)}), decode+reduce {decode_us:.1f} us; "
                     f"entry spread {max(entry):.1f}; fill med {med(fill):.1f} max {max(fill):.1f}; "
-                    f"tiles/us med {med(rate):.2f}; drain med {med(drain):.1f}; exit min {min(exit_):.1f} "
+                    f"tiles/us med {med(rate):.2f} min {min(rate):.2f} max {max(rate):.2f}; "
+                    f"tiles/list med {med(r[4] for r in busy)} max {max(r[4] for r in busy)}; "
+                    f"drain med {med(drain):.1f}; exit min {min(exit_):.1f} "
                     f"med {med(exit_):.1f} max {max(exit_):.1f}; works/list med {med(r[5] for r in busy)}")
         print(rows[-1], flush=True)
     os.makedirs(outdir, exist_ok=True)
