@@ -59,7 +59,7 @@ _declare("ROCM_PATH", False, None, "ROCm root, searched for hipcc")
 _declare("AITER_MLA_CLANG", False, None, "clang used for the gfx942 compile-only check")
 _declare("HIP_KITTENS_DIR", False, None, "existing HipKittens checkout (verified against the pin)")
 _declare("AITER_MLA_VERBOSE", False, "0", "1: log every build command", kind="flag")
-_declare("MAX_JOBS", False, None, "parallel builds for 'aiter-mla jit build -j' (0: the default)", kind="int",
+_declare("MAX_JOBS", False, None, "parallel builds of 'aiter-mla jit build' and 'bench' when -j is not given (0: the default)", kind="int",
          minimum=0)
 _declare("HOME", False, None, "home folder, for the default cache root")
 _declare("XDG_CACHE_HOME", False, None, "base of the default cache root when set")

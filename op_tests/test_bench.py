@@ -594,3 +594,21 @@ def test_mainloop_flag_selects_the_ops_loop_or_refuses(monkeypatch, capsys):
                          (["-d", "bf16", "-kvd", "bf16", "--mainloop", "wgmma_ot"], "has kernels for kv dtypes")]:
         assert commands.run(parser.parse_args(["--compile-only", *argv])) == 2
         assert needle in capsys.readouterr().err
+
+
+def test_bench_jobs_default_to_max_jobs(monkeypatch, capsys):
+    """MAX_JOBS sets bench's parallel builds when -j is not given, as for jit build (bench
+    checked MAX_JOBS but ignored it); -j still wins."""
+    from aiter_mla.bench import commands
+
+    seen = []
+    monkeypatch.setattr(commands, "compile_only", lambda args: seen.append(args.jobs) or 0)
+    parser = argparse.ArgumentParser()
+    commands.add_arguments(parser)
+    monkeypatch.setenv("MAX_JOBS", "3")
+    assert commands.run(parser.parse_args(["--compile-only"])) == 0
+    assert commands.run(parser.parse_args(["--compile-only", "-j", "5"])) == 0
+    monkeypatch.setenv("MAX_JOBS", "0")
+    assert commands.run(parser.parse_args(["--compile-only"])) == 0
+    import os
+    assert seen == [3, 5, min(8, os.cpu_count() or 1)]

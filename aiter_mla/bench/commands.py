@@ -82,8 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="file-name tag: results_<tag>.json etc., so sweeps can share a folder")
     p.add_argument("--compile-only", action="store_true",
                    help="only render and build the variants the sweep would use (no GPU needed)")
-    p.add_argument("-j", "--jobs", type=_positive, default=min(8, os.cpu_count() or 1),
-                   help="parallel builds (default: min(8, CPUs))")
+    p.add_argument("-j", "--jobs", type=_positive, default=None,
+                   help="parallel builds (default: MAX_JOBS, else min(8, CPUs))")
     p.add_argument("--no-peers", action="store_true", help="do not time FlashInfer / FlashMLA")
     p.add_argument("--no-jit-figures", action="store_true",
                    help="skip cold-build / warm-load / dispatch figures")
@@ -160,8 +160,18 @@ def _select_mainloop(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _default_jobs() -> int:
+    """MAX_JOBS when set (> 0), as for ``jit build``; else min(8, CPUs)."""
+    from .. import env
+
+    n = env.get_int("MAX_JOBS", 0)
+    return n if n > 0 else min(8, os.cpu_count() or 1)
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``aiter-mla bench``; returns the exit status."""
+    if getattr(args, "jobs", None) is None:
+        args.jobs = _default_jobs()
     message = _select_mainloop(args)
     if message:
         print(f"aiter-mla bench: {message}", file=sys.stderr)
