@@ -380,15 +380,21 @@ def _check_index_values(qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, tot
         _validated[key] = None
 
 
+def _check_indptr_len(work_indptr, clusters: int) -> None:
+    if work_indptr.numel() < clusters + 1:
+        raise ValueError(f"work_indptr must hold num_clusters + 1 = {clusters + 1} entries "
+                         f"(aiter_mla.arch.num_clusters), got {work_indptr.numel()}")
+
+
 def _check_plan(work_info_set, work_indptr, num_heads: int, max_seqlen_q: int, page_size: int,
-                batch: int, device: torch.device) -> None:
+                batch: int, clusters: int) -> None:
     """The schedule must have been planned for this shape (metadata.lookup_plan). A schedule
     for fewer clusters than the launch would leave works unrun: checked here too."""
     plan = metadata.lookup_plan(work_info_set)
     if plan is None:
         return  # not planned by get_mla_metadata_v1 in this process (e.g. hand-built): trusted
     want = dict(num_heads=num_heads, max_seqlen_qo=max_seqlen_q, page_size=page_size,
-                batch_size=batch, num_clusters=arch.num_clusters(num_heads, max_seqlen_q, device=device),
+                batch_size=batch, num_clusters=clusters,
                 work_indptr_ptr=work_indptr.data_ptr())
     for field, value in want.items():
         got = getattr(plan, field)
@@ -418,9 +424,7 @@ def _launch(query, kv_buffer, kv_indices, kv_last_page_lens, work_indptr, work_i
             "graph is being captured; run the op once outside the capture (warm-up) first")
     fn = mod.function("aiter_mla_decode", _ARGTYPES, ctypes.c_int)
     clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device)
-    if work_indptr.numel() < clusters + 1:
-        raise ValueError(f"work_indptr must hold num_clusters + 1 = {clusters + 1} entries "
-                         f"(aiter_mla.arch.num_clusters), got {work_indptr.numel()}")
+    _check_indptr_len(work_indptr, clusters)
     stream = _raw_stream(device.index)
 
     def ptr(t):
@@ -517,11 +521,9 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
             raise ValueError(f"final_lse must be [{total_q}, {num_heads}], got {tuple(final_lse.shape)}")
     _check_scale(q_scale, "q_scale", device)
     _check_scale(kv_scale, "kv_scale", device)
-    _check_plan(work_info_set, work_indptr, num_heads, int(max_seqlen_q), page_size, batch, device)
     clusters = arch.num_clusters(num_heads, int(max_seqlen_q), device=device)
-    if work_indptr.numel() < clusters + 1:
-        raise ValueError(f"work_indptr must hold num_clusters + 1 = {clusters + 1} entries "
-                         f"(aiter_mla.arch.num_clusters), got {work_indptr.numel()}")
+    _check_plan(work_info_set, work_indptr, num_heads, int(max_seqlen_q), page_size, batch, clusters)
+    _check_indptr_len(work_indptr, clusters)
     _check_index_values(qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, total_q,
                         int(kv_buffer.shape[0]), page_size, int(max_seqlen_q), work_indptr, clusters)
 

@@ -110,14 +110,8 @@ LOOPS = ["wgmma_ws"] + os.environ.get("CMP_LOOPS", NEW).split(",")
 
 def variants(loops):
     vs = []
-    for i, (h, q, P, dt, *_r) in enumerate(ACC):
-        for loop in loops:
-            if not runs(loop, h, q):
-                continue
-            v = dec.decode_variant(h, q, P, dt, dt, mainloop=loop)
-            if v not in vs:
-                vs.append(v)
-    for _, h, q, P, dt, _, _ in TIMES:
+    shapes = [(h, q, P, dt) for h, q, P, dt, *_r in ACC] + [(h, q, P, dt) for _, h, q, P, dt, _, _ in TIMES]
+    for h, q, P, dt in shapes:
         for loop in loops:
             if not runs(loop, h, q):
                 continue

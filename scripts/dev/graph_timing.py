@@ -1,31 +1,19 @@
 """CUDA-graph timing shared by the scripts/dev device checks (fp8_loop_check.py, rs_knockout.py,
-fixed_cost_probe.py)."""
+fixed_cost_probe.py, dual_timeline_probe.py), on the bench's own timer."""
 import torch
 
 import op_tests.test_mla_persistent as T
+from aiter_mla.bench.timing import time_calls
 
 
 def graph_us(fn, reps=20, calls=8):
-    """Median µs per call of ``fn`` (run once first): ``calls`` calls captured in one graph,
-    ``reps`` replays."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / calls)
-    ts.sort()
-    return ts[len(ts) // 2]
+    """Median µs per call of ``fn``: ``calls`` calls captured in one graph, ``reps`` replays
+    (aiter_mla.bench.timing.time_calls; a capture failure is an error here, not an eager
+    fallback)."""
+    t = time_calls([fn] * calls, per_sample=calls, min_samples=reps, max_samples=reps)
+    if t.method != "graph":
+        raise RuntimeError(f"graph timing fell back to {t.method}: {t.note}")
+    return t.us
 
 
 def time_case(c, bufs, heads, reps=20, calls=8):
