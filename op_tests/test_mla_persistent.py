@@ -406,6 +406,36 @@ def test_batch_ctx(warm, mainloop, heads, qlen, batch, ctx, dtype):
     check(f"({heads},{qlen}) b={batch} ctx={ctx} P={P} {dtype}", c, o, lse)
 
 
+def growing_score_tokens(kv_lens, seed):
+    """KV rows whose scale grows along each sequence (0.25 to 6.25, quadratically) with one
+    late spike (12x at 80%): each row's score max then rises by more than 2^8 (the lazy
+    rescale threshold) two or three times after the first tile."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in kv_lens:
+        pos = torch.arange(n, dtype=torch.float32) / max(1, n)
+        gain = 0.25 + 6.0 * pos ** 2
+        gain[int(0.8 * n)] = 12.0
+        out.append(torch.randn(n, D, generator=g) * gain[:, None])
+    return out
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("heads,qlen", [(128, 1), (64, 1), (16, 1), (16, 4)])
+def test_row_max_moves_mid_work(warm, mainloop, heads, qlen, dtype):
+    """The lazy reference (next_row_ref, FlashAttention-4's rescaling) must move and rescale O
+    mid-work when scores grow: N(0, 1) scores never move it after the first tile, so the other
+    tests do not reach that path. Without the move p would overflow; without the O rescale the
+    early keys would keep too much weight."""
+    P = 64 if dtype == "fp8" else 16
+    kv_lens = [1500, 700, 64 * 9 + 5]
+    c = make_case(heads, qlen, P, DTYPES[dtype], kv_lens, seed=11, tokens=growing_score_tokens(kv_lens, 11))
+    o, lse, _ = run_decode(c)
+    check(f"({heads},{qlen}) growing scores P={P} {dtype}", c, o, lse)
+
+
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))

@@ -4,7 +4,7 @@ usage: python3 scripts/dev/fp8_loop_check.py build|build_time|acc|time|phase OUT
   env OVL_LOOP  the loop under test (default wgmma_ovl); CMP_LOOPS  loops timed after wgmma_ws
   acc   : accuracy of OVL_LOOP vs the float64 reference on 20 cases (exit 1 on a failure)
   time  : CUDA-graph timings (decode + reduce, median of 20 replays of 8 calls), wgmma_ws first;
-          TIME_N: only the first N cases
+          TIME_N: only the first N cases; TIMES=few: the <= 32-row shapes; TIMES=ab: both dtypes
   phase : clock() phases of an instrumented build (scripts/dev/fp8_loop_probe.py TEMPLATES_OUT,
           then AITER_MLA_TEMPLATES_DIR=TEMPLATES_OUT); PHASE_N cases
 """
@@ -105,6 +105,16 @@ if os.environ.get("TIMES") == "few":   # the <= 32-row shapes
              ("fp8 (16,1) b64 c8192 P1", 16, 1, 1, FP8, 64, 8192),
              ("fp8 (16,1) b1 c21", 16, 1, 64, FP8, 1, 21),
              ("bf16 (16,1) b128 c8192", 16, 1, 64, BF16, 128, 8192)]
+if os.environ.get("TIMES") == "ab":   # before/after sets: the targets' cases, both dtypes
+    TIMES = [("fp8 (128,1) b64 c8192", 128, 1, 64, FP8, 64, 8192),
+             ("fp8 (128,1) b64 c3200", 128, 1, 64, FP8, 64, 3200),
+             ("fp8 (128,1) b128 c4096", 128, 1, 64, FP8, 128, 4096),
+             ("fp8 (64,1) b128 c8192", 64, 1, 64, FP8, 128, 8192),
+             ("fp8 (16,1) b128 c8192", 16, 1, 64, FP8, 128, 8192),
+             ("fp8 (16,1) b64 c3200", 16, 1, 64, FP8, 64, 3200),
+             ("bf16 (128,1) b64 c8192", 128, 1, 64, BF16, 64, 8192),
+             ("bf16 (16,1) b128 c8192", 16, 1, 64, BF16, 128, 8192),
+             ("fp8 (128,1) b1 c21", 128, 1, 64, FP8, 1, 21)]
 LOOPS = ["wgmma_ws"] + os.environ.get("CMP_LOOPS", NEW).split(",")
 
 

@@ -1,12 +1,16 @@
 """Deliberately wrong copies of templates/ for timing what bounds the wgmma_ot loop (outputs are
-garbage; never run the tests on them). usage: python3 scripts/dev/ot_knockout.py OUT_DIR OPTION
+garbage; never run the tests on them). usage: python3 scripts/dev/ot_knockout.py OUT_DIR OPTION[,OPTION...]
   noprom : QK without fp8 promotion (one chunk of 18 k-steps)
   noexp  : probabilities without the exponential (p = s - m)
   nopv   : no PV wgmma (fragments, barrier and rescale kept)
   noqk   : no QK wgmma (promotion adds kept)
   nopair : no row-max exchange barrier between the two warpgroups' warps (pair_sync)
-  nocta  : no consumer barrier before PV (P of both warpgroups)
+  nocta  : no consumer barrier before PV (P of both warpgroups; each warp's own rescale flag)
   nofrag : no ldmatrix for the V^T fragments (registers left as they are)
+  norescale: never rescale O^T (a mutant: the growing-score test must fail on it)
+  nomove : the lazy row reference never moves after a row's first finite max (a mutant, too)
+  memonly: consumers only wait for each KV stage and release it (no QK, fragments, softmax, PV):
+           the time the loader and the memory path alone need for the schedule
 """
 import os
 import shutil
@@ -31,14 +35,31 @@ EDITS = {
   }
   pair_sync(group);""", """    red_max[half * kRows + r0 + 8] = mx[1];
   }"""),
-    "nocta": ("mla_decode.cu.j2", "          mla::wg::consumer_sync();       // P(t) and the factors of all rows written\n", ""),
+    "nocta": ("mla_decode.cu.j2", "if (mla::wg::consumer_sync_any(changed)) ", "if (changed) "),
     "nofrag": ("common/mla_decode_sm90_ot.cuh",
                "        ldmatrix_x4_trans(d, src + (x >> 2) * (C::BN * 64) + kk * 32 * 64 + ((((x & 3) ^ sw)) << 4));",
                "        d[0] = d[1] = d[2] = d[3] = src + x;"),
+    "norescale": ("mla_decode.cu.j2", "if (mla::wg::consumer_sync_any(changed)) ", "if (mla::wg::consumer_sync_any(changed) && false) "),
+    "nomove": ("common/mla_decode_sm90.cuh", "  return m_tile > m_old + kLazyRescaleLog2 ? m_tile : m_old;",
+               "  return m_old == -INFINITY ? m_tile : m_old;"),
+    "memonly": [("mla_decode.cu.j2", """          mla::wg::QkAcc<Cfg> qk_acc;
+          mla::wg::qk_begin<Cfg>(qk_acc, smem, stage, half);
+          mla::wg::qk_finish<Cfg>(s, qk_acc, smem, stage, half);
+          mla::wg::fence_operands(o);
+          mla::wg::fence_operands(a[0]);
+          mla::ot::load_vt_frags<Cfg>(a, smem, stage, half, group, lane, w.kv_tok_end - (w.kv_tok_start + t * Cfg::BN));
+""", "          (void)t;\n"),
+                ("mla_decode.cu.j2", """          const bool changed =
+              mla::ot::softmax_p<Cfg>(s, st, smem, buf, w.kv_tok_start + t * Cfg::BN, scale_log2, group, half, lane);
+          mla::wg::fence_proxy_async();   // P (st.shared) -> the PV wgmma's B operand
+          // P(t) and the factors of all rows written; whether any row's factor is not 1
+          if (mla::wg::consumer_sync_any(changed)) mla::ot::rescale_ot<Cfg>(o, smem, buf, lane);
+          mla::ot::pv_issue<Cfg>(o, a, smem, buf);
+""", "          (void)buf;\n")],
 }
-rel, old, new = EDITS[opt]
-p = os.path.join(dst, rel)
-s = open(p).read()
-assert s.count(old) == 1, (opt, old)
-open(p, "w").write(s.replace(old, new))
+for rel, old, new in [e for o in opt.split(",") for e in (EDITS[o] if isinstance(EDITS[o], list) else [EDITS[o]])]:
+    p = os.path.join(dst, rel)
+    s = open(p).read()
+    assert s.count(old) >= 1, (opt, old)
+    open(p, "w").write(s.replace(old, new))
 print("wrote", dst, opt)
