@@ -5,10 +5,9 @@ garbage; never run the tests on them). usage: python3 scripts/dev/ot_knockout.py
   nopv   : no PV wgmma (fragments, barrier and rescale kept)
   noqk   : no QK wgmma (promotion adds kept)
   nopair : no row-max exchange barrier between the two warpgroups' warps (pair_sync)
-  nocta  : no consumer barrier before PV (P of both warpgroups; each warp's own rescale flag)
+  nocta  : no consumer barrier before PV (P of both warpgroups)
   nofrag : no ldmatrix for the V^T fragments (registers left as they are)
-  norescale: never rescale O^T (a mutant: the growing-score test must fail on it)
-  nomove : the lazy row reference never moves after a row's first finite max (a mutant, too)
+  norescale: never rescale O^T (a mutant: test_row_max_moves_mid_work must fail on it)
   memonly: consumers only wait for each KV stage and release it (no QK, fragments, softmax, PV):
            the time the loader and the memory path alone need for the schedule
 """
@@ -27,21 +26,20 @@ EDITS = {
     "nopv": ("common/mla_decode_sm90_ot.cuh", "  pv_issue_blocks<C, 0>(o, a, smem_addr(smem + C::kOffP + buf * C::kPBytes));",
              ""),
     "noqk": ("common/mla_decode_sm90_wgmma.cuh", """    if (i == 0) {
-      wgmma_qk<C::kFp8, 0>(a.acc[kB], da, db);
+      wgmma_qk<Fp8, 0>(acc, da, db);
     } else {
-      wgmma_qk<C::kFp8, 1>(a.acc[kB], da, db);
+      wgmma_qk<Fp8, 1>(acc, da, db);
     }""", "    (void)da; (void)db;"),
     "nopair": ("common/mla_decode_sm90.cuh", """    red_max[half * kRows + r0 + 8] = mx[1];
   }
   pair_sync(group);""", """    red_max[half * kRows + r0 + 8] = mx[1];
   }"""),
-    "nocta": ("mla_decode.cu.j2", "if (mla::wg::consumer_sync_any(changed)) ", "if (changed) "),
+    "nocta": ("mla_decode.cu.j2", "          mla::wg::consumer_sync();       // P(t) and the factors of all rows written\n", ""),
     "nofrag": ("common/mla_decode_sm90_ot.cuh",
                "        ldmatrix_x4_trans(d, src + (x >> 2) * (C::BN * 64) + kk * 32 * 64 + ((((x & 3) ^ sw)) << 4));",
                "        d[0] = d[1] = d[2] = d[3] = src + x;"),
-    "norescale": ("mla_decode.cu.j2", "if (mla::wg::consumer_sync_any(changed)) ", "if (mla::wg::consumer_sync_any(changed) && false) "),
-    "nomove": ("common/mla_decode_sm90.cuh", "  return m_tile > m_old + kLazyRescaleLog2 ? m_tile : m_old;",
-               "  return m_old == -INFINITY ? m_tile : m_old;"),
+    "norescale": ("common/mla_decode_sm90_ot.cuh", "  if (__any_sync(0xffffffffu, any)) {   // skipping factors of exactly 1 is exact",
+                  "  if (__any_sync(0xffffffffu, any) && false) {"),
     "memonly": [("mla_decode.cu.j2", """          mla::wg::QkAcc<Cfg> qk_acc;
           mla::wg::qk_begin<Cfg>(qk_acc, smem, stage, half);
           mla::wg::qk_finish<Cfg>(s, qk_acc, smem, stage, half);
@@ -49,11 +47,10 @@ EDITS = {
           mla::wg::fence_operands(a[0]);
           mla::ot::load_vt_frags<Cfg>(a, smem, stage, half, group, lane, w.kv_tok_end - (w.kv_tok_start + t * Cfg::BN));
 """, "          (void)t;\n"),
-                ("mla_decode.cu.j2", """          const bool changed =
-              mla::ot::softmax_p<Cfg>(s, st, smem, buf, w.kv_tok_start + t * Cfg::BN, scale_log2, group, half, lane);
+                ("mla_decode.cu.j2", """          mla::ot::softmax_p<Cfg>(s, st, smem, buf, w.kv_tok_start + t * Cfg::BN, scale_log2, group, half, lane);
           mla::wg::fence_proxy_async();   // P (st.shared) -> the PV wgmma's B operand
-          // P(t) and the factors of all rows written; whether any row's factor is not 1
-          if (mla::wg::consumer_sync_any(changed)) mla::ot::rescale_ot<Cfg>(o, smem, buf, lane);
+          mla::wg::consumer_sync();       // P(t) and the factors of all rows written
+          mla::ot::rescale_ot<Cfg>(o, smem, buf, lane);
           mla::ot::pv_issue<Cfg>(o, a, smem, buf);
 """, "          (void)buf;\n")],
 }

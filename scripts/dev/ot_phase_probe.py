@@ -37,18 +37,16 @@ rep("""          mla::wg::mbar_arrive(bar_empty + stage * 8);   // K and V read
           PH(2)
         };
         qk_and_frags(0);""")
-rep("""          const bool changed =
-              mla::ot::softmax_p<Cfg>(s, st, smem, buf, w.kv_tok_start + t * Cfg::BN, scale_log2, group, half, lane);
+rep("""          mla::ot::softmax_p<Cfg>(s, st, smem, buf, w.kv_tok_start + t * Cfg::BN, scale_log2, group, half, lane);
           mla::wg::fence_proxy_async();   // P (st.shared) -> the PV wgmma's B operand
-          // P(t) and the factors of all rows written; whether any row's factor is not 1
-          if (mla::wg::consumer_sync_any(changed)) mla::ot::rescale_ot<Cfg>(o, smem, buf, lane);
-          mla::ot::pv_issue<Cfg>(o, a, smem, buf);""", """          const bool changed =
-              mla::ot::softmax_p<Cfg>(s, st, smem, buf, w.kv_tok_start + t * Cfg::BN, scale_log2, group, half, lane);
+          mla::wg::consumer_sync();       // P(t) and the factors of all rows written
+          mla::ot::rescale_ot<Cfg>(o, smem, buf, lane);
+          mla::ot::pv_issue<Cfg>(o, a, smem, buf);""", """          mla::ot::softmax_p<Cfg>(s, st, smem, buf, w.kv_tok_start + t * Cfg::BN, scale_log2, group, half, lane);
           PH(3)
           mla::wg::fence_proxy_async();   // P (st.shared) -> the PV wgmma's B operand
-          const bool any_changed = mla::wg::consumer_sync_any(changed);
+          mla::wg::consumer_sync();       // P(t) and the factors of all rows written
           PH(4)
-          if (any_changed) mla::ot::rescale_ot<Cfg>(o, smem, buf, lane);
+          mla::ot::rescale_ot<Cfg>(o, smem, buf, lane);
           PH(5)
           mla::ot::pv_issue<Cfg>(o, a, smem, buf);
           PH(6)

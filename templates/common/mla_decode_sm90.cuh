@@ -165,7 +165,7 @@ struct Work {
 
 // Per-thread row state: a thread of warp (g, c) owns rows r = 16g + lane/4 and r + 8.
 struct RowState {
-  float m[2];        // the row's reference, log2 units: its running max, moved lazily (next_row_ref)
+  float m[2];        // running max in log2 units (shared by the warp pair)
   float l[2];        // partial row sum over this thread's keys
   int key_end[2];    // first invisible virtual token for the row (causal / tail / invalid row)
   int full_end;      // a tile ending at or before it needs no key mask: every valid row of the CTA
@@ -179,18 +179,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-
-// Lazy rescaling (as FlashAttention-4 does): the reference m that a row's p = exp2(s - m), l
-// and O are kept against moves only when the row's max exceeds it by more than
-// kLazyRescaleLog2. After a row's first tile its factor is then almost always exactly 1 and
-// the O rescale is skipped (measured: the O^T rescale was ~500 of ~4,400 cycles a tile at fp8
-// (128,1)). p stays <= 2^8 = 256: within e4m3 (448), bf16 and fp16 range, and no less precise
-// in floating point. l, O and the LSE all use the same m, so the result is the same softmax.
-// A row with no finite score yet keeps -inf.
-constexpr float kLazyRescaleLog2 = 8.f;
-__device__ __forceinline__ float next_row_ref(float m_old, float m_tile) {
-  return m_tile > m_old + kLazyRescaleLog2 ? m_tile : m_old;
 }
 
 // ---- global -> shared loads ------------------------------------------------------------------
@@ -348,8 +336,8 @@ __device__ __forceinline__ float masked_quad_max(float (&s)[C::kSTiles][4], cons
 }
 
 // The max half of the online softmax for one tile (exp2 domain): masks keys at or beyond each
-// row's key_end to -inf (masked_quad_max), agrees the row max with the partner warp (through
-// shared memory, one pair barrier), moves the reference by next_row_ref, and returns the factor O and l must be multiplied by
+// row's key_end to -inf (masked_quad_max), agrees the new row max with the partner warp (through
+// shared memory, one pair barrier), and returns the factor O and l must be multiplied by
 // (scale_o) and the reference each p = exp2(s * sc - m_ref) uses; returns sc (masked_quad_max).
 // A row whose max is still -inf uses 0 as reference, so p = 0 and the factor is 0 (no NaN from
 // -inf - -inf).
@@ -369,7 +357,7 @@ __device__ __forceinline__ float softmax_row_max(float (&s)[C::kSTiles][4], RowS
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float other = red_max[(half ^ 1) * kRows + r0 + 8 * h];
-    const float m_new = next_row_ref(st.m[h], fmaxf(mx[h], other));
+    const float m_new = fmaxf(st.m[h], fmaxf(mx[h], other));
     m_ref[h] = m_new == -INFINITY ? 0.f : m_new;
     scale_o[h] = fast_exp2(st.m[h] - m_ref[h]);
     st.m[h] = m_new;
@@ -412,8 +400,7 @@ __device__ __forceinline__ void softmax_update(float (&s)[C::kSTiles][4], float 
   });
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * scale_o[h] + sum[h];
-  // skipping factors of exactly 1 is exact (with next_row_ref, nearly every tile after the first)
-  if (__any_sync(0xffffffffu, scale_o[0] != 1.f || scale_o[1] != 1.f)) scale_rows<C>(o, scale_o);
+  scale_rows<C>(o, scale_o);
 }
 
 // O[16 rows x 256 cols of half c] += P[16 x BN] . V[BN x 256].

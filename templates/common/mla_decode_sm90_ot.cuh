@@ -113,9 +113,8 @@ __device__ __forceinline__ void load_vt_frags(uint32_t (&a)[C::kMBlocks][C::BN /
 
 // softmax_row_max, then P(t) as e4m3 into P buffer `buf` (B layout, keys at p_pos), O^T's row
 // factors into scale[buf] (warpgroup 0's quad leaders), l = l * factor + this thread's p sum.
-// Returns whether a factor of this thread's rows is not 1 (O^T then needs rescale_ot).
 template <class C>
-__device__ __forceinline__ bool softmax_p(float (&s)[C::kSTiles][4], RowState& st, uint8_t* smem, int buf, int tok0,
+__device__ __forceinline__ void softmax_p(float (&s)[C::kSTiles][4], RowState& st, uint8_t* smem, int buf, int tok0,
                                           float scale_log2, int group, int half, int lane) {
   const int r0 = group * 16 + (lane >> 2);
   float scale_o[2], mx[2];
@@ -133,30 +132,32 @@ __device__ __forceinline__ bool softmax_p(float (&s)[C::kSTiles][4], RowState& s
     scale[r0] = scale_o[0];
     scale[r0 + 8] = scale_o[1];
   }
-  return scale_o[0] != 1.f || scale_o[1] != 1.f;
 }
 
 // O^T columns (query rows) of this thread: 8i + 2 (lane % 4) + {0, 1}, i = 0..7; accumulator
 // element e of tile i is row 8i + 2 (lane % 4) + (e & 1), V column + (e >> 1).
 // O^T accumulators: o[8 mb + i] is n8 tile i of m-block mb (the [32][4] array of the other loops).
-// The caller skips it when no row's factor changed (softmax_p's results, OR-ed over the CTA by
-// the barrier before PV): with next_row_ref that is nearly every tile after a work's first, and
-// a skip also saves these shared-memory reads (measured: ~300 cycles a tile with a per-warp check).
 template <class C>
 __device__ __forceinline__ void rescale_ot(float (&o)[C::kOTiles][4], const uint8_t* smem, int buf, int lane) {
   const float* scale = reinterpret_cast<const float*>(smem + C::kOffScale) + buf * kRows + 2 * (lane & 3);
   float2 f[8];
+  bool any = false;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) f[i] = *reinterpret_cast<const float2*>(scale + 8 * i);
+  for (int i = 0; i < 8; ++i) {
+    f[i] = *reinterpret_cast<const float2*>(scale + 8 * i);
+    any |= f[i].x != 1.f || f[i].y != 1.f;
+  }
+  if (__any_sync(0xffffffffu, any)) {   // skipping factors of exactly 1 is exact
 #pragma unroll
-  for (int mb = 0; mb < C::kMBlocks; ++mb)
+    for (int mb = 0; mb < C::kMBlocks; ++mb)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      o[8 * mb + i][0] *= f[i].x;
-      o[8 * mb + i][2] *= f[i].x;
-      o[8 * mb + i][1] *= f[i].y;
-      o[8 * mb + i][3] *= f[i].y;
-    }
+      for (int i = 0; i < 8; ++i) {
+        o[8 * mb + i][0] *= f[i].x;
+        o[8 * mb + i][2] *= f[i].x;
+        o[8 * mb + i][1] *= f[i].y;
+        o[8 * mb + i][3] *= f[i].y;
+      }
+  }
 }
 
 // O^T[64 x 64] (tiles o[8 MB .. 8 MB + 7]) += A[64 x 32 positions] (e4m3 registers) .

@@ -168,7 +168,7 @@ __device__ __forceinline__ void qk(float (&s)[4][4], const uint8_t* smem, int st
 
 // Running state of this thread's 8 query rows (index q = 2 i + b: row 8 i + 2 (lane % 4) + b).
 struct RowState8 {
-  float m[8];   // the row's reference, log2 units: its running max moved lazily (next_row_ref)
+  float m[8];   // running max, log2 units (the same in every thread holding the row)
   float l[8];   // partial row sum over this thread's keys
 };
 
@@ -230,7 +230,7 @@ __device__ __forceinline__ void softmax_pt(float (&s)[4][4], RowState8& st, floa
 #pragma unroll
   for (int q = 0; q < 8; ++q) {
     const float4 t = *reinterpret_cast<const float4*>(red + (8 * (q >> 1) + 2 * r + (q & 1)) * 4);
-    const float m_new = next_row_ref(st.m[q], fmaxf(fmaxf(t.x, t.y), fmaxf(t.z, t.w)) * sc);
+    const float m_new = fmaxf(st.m[q], fmaxf(fmaxf(t.x, t.y), fmaxf(t.z, t.w)) * sc);
     m_ref[q] = m_new == -INFINITY ? 0.f : m_new;
     scale_o[q] = fast_exp2(st.m[q] - m_ref[q]);
     changed |= scale_o[q] != 1.f;

@@ -142,15 +142,6 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 // Barrier of the 256 consumer threads of wgmma_ws (id 7), which the producer warpgroup skips.
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 7, 256;\n" ::: "memory"); }
-// consumer_sync that also returns whether `p` holds in any of the 256 consumer threads (one
-// barrier: bar.red.or).
-__device__ __forceinline__ bool consumer_sync_any(bool p) {
-  uint32_t r;
-  asm volatile(
-      "{\n .reg .pred pi, po;\n setp.ne.u32 pi, %1, 0;\n bar.red.or.pred po, 7, 256, pi;\n selp.u32 %0, 1, 0, po;\n}\n"
-      : "=r"(r) : "r"(static_cast<uint32_t>(p)) : "memory");
-  return r != 0;
-}
 // Pins an accumulator register in program order around wgmma issue / wait (CUTLASS
 // warpgroup_fence_operand): no read or write of it is moved across.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
