@@ -4,7 +4,7 @@ consumer thread 0 of warpgroup 0/1: slot 0 wait full, 1 QK (its waits also cover
 2 V^T fragments + stage release, 3 softmax_p (with the pair barrier), 4 fence + consumer
 barrier, 5 O^T rescale, 6 PV issue, 7 loop overhead up to the next full wait, 8 TMA issue to
 full-wait end, 9 tiles. Row 2 (loader lane 0): 0 wait on empty, 1 page lookups + TMA issue, 9 tiles.
-Run: python3 scripts/dev/ot_phase_probe.py OUT_TEMPLATES, then
+Run: python3 scripts/dev/ot_phase_probe.py OUT_TEMPLATES [SRC_TEMPLATES], then
 AITER_MLA_TEMPLATES_DIR=OUT_TEMPLATES OVL_LOOP=wgmma_ot python3 scripts/dev/fp8_loop_check.py phase OUTDIR
 (its slot labels are wgmma_ovl's; read the slots as above)."""
 import os
@@ -13,7 +13,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from probe_common import Patch  # noqa: E402
 
-P = Patch(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "templates"), sys.argv[1])
+# argv[2] (optional): the templates to instrument, e.g. an ot_knockout.py copy (default: the repo's)
+P = Patch(sys.argv[2] if len(sys.argv) > 2 else
+          os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "templates"), sys.argv[1])
 rep = P.rep
 dst = P.dst
 rep("""        auto qk_and_frags = [&](int t) {
