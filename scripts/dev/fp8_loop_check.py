@@ -125,7 +125,7 @@ def variants(loops):
         for loop in loops:
             if not runs(loop, h, q):
                 continue
-            v = dec.decode_variant(h, q, P, dt, dt, mainloop=loop)
+            v = variant_for(loop, h, q, P, dt)   # bf16 rows: the default loop (fp8-only loops)
             if v not in vs:
                 vs.append(v)
     for h, q in dec.SUPPORTED_SHAPES:

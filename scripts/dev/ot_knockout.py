@@ -57,6 +57,6 @@ EDITS = {
 for rel, old, new in [e for o in opt.split(",") for e in (EDITS[o] if isinstance(EDITS[o], list) else [EDITS[o]])]:
     p = os.path.join(dst, rel)
     s = open(p).read()
-    assert s.count(old) >= 1, (opt, old)
+    assert s.count(old) == 1, (opt, old)
     open(p, "w").write(s.replace(old, new))
 print("wrote", dst, opt)

@@ -13,7 +13,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from probe_common import Patch  # noqa: E402
 
-# argv[2] (optional): the templates to instrument, e.g. an ot_knockout.py copy (default: the repo's)
+# argv[2] (optional): the templates to instrument, e.g. an ot_knockout.py copy (default: the
+# repo's). The nocta and memonly knock-outs delete lines this probe stamps, so it refuses them.
 P = Patch(sys.argv[2] if len(sys.argv) > 2 else
           os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "templates"), sys.argv[1])
 rep = P.rep
