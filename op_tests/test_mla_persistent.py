@@ -202,19 +202,19 @@ def varlen(batch, ctx, seed):
     return torch.randint(lo, ctx + 1, (batch,), generator=g).tolist()
 
 
-def run_decode(c: Case, **kw):
+def run_decode(c: Case, sm_scale=SM_SCALE, **kw):
     o = torch.full((c.q.shape[0], c.heads, DV), float("nan"), dtype=torch.bfloat16, device=c.q.device)
     logits, lse = aiter_mla.mla_decode_fwd(
         c.q, c.kv, o, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens, c.max_seqlen_q,
-        page_size=c.page_size, sm_scale=SM_SCALE, q_scale=c.q_scale, kv_scale=c.kv_scale,
+        page_size=c.page_size, sm_scale=sm_scale, q_scale=c.q_scale, kv_scale=c.kv_scale,
         return_lse=True, **kw)
     torch.cuda.synchronize()
     return o, lse, logits
 
 
-def reference(c: Case, fp8_p=False):
+def reference(c: Case, fp8_p=False, sm_scale=SM_SCALE):
     return mla_decode_ref(c.q, c.kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens,
-                          sm_scale=SM_SCALE, q_scale=c.q_scale, kv_scale=c.kv_scale, fp8_p=fp8_p)
+                          sm_scale=sm_scale, q_scale=c.q_scale, kv_scale=c.kv_scale, fp8_p=fp8_p)
 
 
 def lse_error(lse, ref_lse) -> float:
@@ -381,17 +381,11 @@ def test_sm_scale_sign(warm, mainloop, heads, qlen, page_size, sm_scale, dtype):
     """A scale <= 0 is exact too: the kernels fold the scale into the exponent only when it is
     positive (max(s) * scale = max(s * scale) needs scale > 0)."""
     c = make_case(heads, qlen, page_size, DTYPES[dtype], [1200, 70, 333], seed=5)
-    o = torch.full((c.q.shape[0], c.heads, DV), float("nan"), dtype=torch.bfloat16, device=c.q.device)
-    _, lse = aiter_mla.mla_decode_fwd(
-        c.q, c.kv, o, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens, c.max_seqlen_q,
-        page_size=c.page_size, sm_scale=sm_scale, q_scale=c.q_scale, kv_scale=c.kv_scale, return_lse=True)
-    torch.cuda.synchronize()
-    kw = dict(sm_scale=sm_scale, q_scale=c.q_scale, kv_scale=c.kv_scale)
-    args = (c.q, c.kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens)
-    ref_out, ref_lse = mla_decode_ref(*args, **kw)
+    o, lse, _ = run_decode(c, sm_scale=sm_scale)
+    ref_out, ref_lse = reference(c, sm_scale=sm_scale)
     assert bool(torch.isfinite(o).all())
     err = relative_l2(o, ref_out)
-    tol = tolerance(c.q.dtype, ref_out, mla_decode_ref(*args, fp8_p=True, **kw)[0] if c.q.dtype == FP8 else None)
+    tol = tolerance(c.q.dtype, ref_out, reference(c, fp8_p=True, sm_scale=sm_scale)[0] if c.q.dtype == FP8 else None)
     assert err <= tol, f"sm_scale {sm_scale}: relative L2 {err:.3e} > {tol:.3e}"
     assert lse_error(lse, ref_lse) <= 2e-3
 
@@ -474,16 +468,10 @@ def test_peaked_scores_accuracy(warm, mainloop, heads, qlen, batch, ctx, dtype):
     P = 64 if dtype == "fp8" else 16
     lens = [ctx] * batch
     c = make_case(heads, qlen, P, DTYPES[dtype], lens, seed=21, tokens=deepseek_like_tokens(lens, 21))
-    o = torch.full((c.q.shape[0], c.heads, DV), float("nan"), dtype=torch.bfloat16, device=c.q.device)
-    _, lse = aiter_mla.mla_decode_fwd(
-        c.q, c.kv, o, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens, c.max_seqlen_q,
-        page_size=c.page_size, sm_scale=sm, q_scale=c.q_scale, kv_scale=c.kv_scale, return_lse=True)
-    torch.cuda.synchronize()
-    args = (c.q, c.kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens)
-    kw = dict(sm_scale=sm, q_scale=c.q_scale, kv_scale=c.kv_scale)
-    ref_out, ref_lse = mla_decode_ref(*args, **kw)
+    o, lse, _ = run_decode(c, sm_scale=sm)
+    ref_out, ref_lse = reference(c, sm_scale=sm)
     err = relative_l2(o, ref_out)
-    bound = 1.5 * relative_l2(mla_decode_ref(*args, fp8_p=True, **kw)[0], ref_out) if dtype == "fp8" else 5e-3
+    bound = 1.5 * relative_l2(reference(c, fp8_p=True, sm_scale=sm)[0], ref_out) if dtype == "fp8" else 5e-3
     name = f"({heads},{qlen}) b={batch} ctx={ctx} peaked scores {dtype}"
     _RESULTS.append((f"[{_LOOP['name']}] {name}", err, bound, lse_error(lse, ref_lse)))
     assert bool(torch.isfinite(o).all()), f"{name}: output has unwritten (NaN) or non-finite elements"
