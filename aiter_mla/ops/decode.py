@@ -84,7 +84,8 @@ BLOCK_N = {"fp8": 64, "bf16": 32}
 #: 1.25x slower at (128,1)) and "wgmma_dual" (fp8 only, shapes of <= 32 rows, ``FEW_ROWS``:
 #: wgmma_rs's maths with each consumer warpgroup running its own work list on its own producer
 #: warp and KV ring, two independent pipelines per CTA, ``launch_grid_x``). The fp8 TMA loops
-#: load KV tiles by TMA for page_size >= 8.
+#: and bf16 wgmma_ws load KV tiles by TMA for page_size >= 8 (64-byte-swizzled stages; smaller
+#: pages keep cp.async).
 MAINLOOPS = ("mma", "wgmma", "wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw", "wgmma_rs", "wgmma_dual")
 
 #: Main loop -> the kv dtypes it has a kernel for.

@@ -4,7 +4,8 @@ usage: python3 scripts/dev/fp8_loop_check.py build|build_time|acc|time|phase OUT
   env OVL_LOOP  the loop under test (default wgmma_ovl); CMP_LOOPS  loops timed after wgmma_ws
   acc   : accuracy of OVL_LOOP vs the float64 reference on 20 cases (exit 1 on a failure)
   time  : CUDA-graph timings (decode + reduce, median of 20 replays of 8 calls), wgmma_ws first;
-          TIME_N: only the first N cases; TIMES=few: the <= 32-row shapes; TIMES=ab: both dtypes
+          TIME_N: only the first N cases; TIMES=few: the <= 32-row shapes; TIMES=ab: both dtypes;
+          TIMES=bf16: the bf16 default loop
   phase : clock() phases of an instrumented build (scripts/dev/fp8_loop_probe.py TEMPLATES_OUT,
           then AITER_MLA_TEMPLATES_DIR=TEMPLATES_OUT); PHASE_N cases
 """
@@ -110,6 +111,9 @@ TIME_SETS = {
     "ab": ["fp8 (128,1) b64 c8192", "fp8 (128,1) b64 c3200", "fp8 (128,1) b128 c4096", "fp8 (64,1) b128 c8192",
            "fp8 (16,1) b128 c8192", "fp8 (16,1) b64 c3200", "bf16 (128,1) b64 c8192", "bf16 (16,1) b128 c8192",
            "fp8 (128,1) b1 c21"],                          # before/after: the targets' cases, both dtypes
+    "bf16": ["bf16 (128,1) b64 c8192", "bf16 (128,1) b64 c3200", "bf16 (128,1) b128 c4096", "bf16 (64,1) b128 c8192",
+             "bf16 (16,1) b128 c8192", "bf16 (16,1) b64 c3200", "bf16 (128,1) b1 c21", "bf16 (128,1) b64 c8192 P16",
+             "bf16 (16,1) b128 c8192 P1"],                 # the bf16 default loop (wgmma_ws); P1 keeps cp.async
 }
 TIMES = [timed_case(n) for n in TIME_SETS[os.environ.get("TIMES", "default")]]
 LOOPS = ["wgmma_ws"] + os.environ.get("CMP_LOOPS", NEW).split(",")

@@ -86,59 +86,6 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
-// ---- TMA (page_size >= 8) -------------------------------------------------------------------
-// Byte offset of (row, 16-byte chunk) in a 64-byte-swizzled stage: column block chunk / 4, row
-// row * 64, and the chunk's position within the 64-byte row XOR (row / 2) % 4 (TMA SWIZZLE_64B
-// = wgmma's 64-byte swizzle; both act on address bits, and every block is 512-byte aligned).
-// Adds tx bytes to the barrier's expected count and arrives once (the barrier's one arrival).
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// One box (kTmaRows rows from pool row `row`, bytes col .. col+63) into dst, completing its bytes
-// on bar. map: see the kernel's kv_map.
-__device__ __forceinline__ void tma_load_box(uint32_t dst, const void* map, int col, int row, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-      ::"r"(dst), "l"(map), "r"(col), "r"(row), "r"(bar)
-      : "memory");
-}
-
-// The producer warp's TMA copies of the tile of BN virtual tokens from tok0 into the stage at
-// stage_addr: 9 column blocks x the pages holding a token before kv_tok_end (pages past it are
-// not looked up: their kv_indices entry may not exist), spread over the 32 lanes. The page
-// lookups run before the wait for the stage to be free; lane 0 posts the byte count.
-template <class C>
-__device__ __forceinline__ void produce_kv_tile_tma(uint32_t stage_addr, uint32_t bar_full, uint32_t bar_empty,
-                                                    uint32_t empty_parity, const void* map,
-                                                    const int* __restrict__ kv_indices, int tok0, int kv_tok_end,
-                                                    int lane) {
-  constexpr int kBlocks = kQkDim / 64;                        // 64-byte column blocks
-  constexpr int kMaxBoxes = (C::BN / C::kTmaRows) * kBlocks;  // <= 72
-  const int pages = (min(C::BN, kv_tok_end - tok0) + C::kTmaRows - 1) / C::kTmaRows;
-  const int boxes = pages * kBlocks;
-  int row[(kMaxBoxes + 31) / 32];
-#pragma unroll
-  for (int i = 0; i < (kMaxBoxes + 31) / 32; ++i) {
-    const int b = lane + 32 * i;
-    row[i] = 0;
-    if (b < boxes) {
-      const int v = tok0 + (b / kBlocks) * C::kTmaRows;
-      row[i] = static_cast<int>(kv_pool_row<C>(kv_indices, v));
-    }
-  }
-  wg::mbar_wait(bar_empty, empty_parity);
-  if (lane == 0) mbar_arrive_expect_tx(bar_full, boxes * C::kTmaBoxBytes);
-  __syncwarp();
-#pragma unroll
-  for (int i = 0; i < (kMaxBoxes + 31) / 32; ++i) {
-    const int b = lane + 32 * i;
-    if (b < boxes) {
-      const int blk = b % kBlocks, pg = b / kBlocks;
-      tma_load_box(stage_addr + blk * (C::BN * 64) + pg * C::kTmaBoxBytes, map, blk * 64, row[i], bar_full);
-    }
-  }
-}
-
 // One transposer warp's share of V^T for the tile in `stage`: 64 units (16-key block G x 32
 // columns), unit u by warp u % 3. Per unit one ldmatrix.x4.trans reads four 8 x 16-byte core
 // matrices (keys 16G.. / 16G+8.. x chunks 2c, 2c+1) and four 4-byte stores write the columns.

@@ -23,6 +23,9 @@
 // and, for bf16, as MN-major V (core matrix = 8 keys x 8 columns) with no copy.
 // Descriptor strides (CUTLASS make_gmma_desc, INTERLEAVE): LBO = stride between core matrices
 // along K, SBO = stride between core matrices along M/N, for both majors.
+// Exception: bf16 wgmma_ws at page_size >= 8 fills its stages by TMA in the 64-byte-swizzled
+// layout of the fp8 TMA loops (the Tma config below; k_desc, v_desc), where 18 column blocks of
+// BN rows x 64 B serve as K-major K and, read the other way, as MN-major V.
 #pragma once
 #include "mla_decode_sm90.cuh"
 
@@ -56,7 +59,10 @@ struct WgmmaTile {
 
 // Stages: KV tiles in the ring (2 for mainloop wgmma; wgmma_ws runs 3 for fp8, whose tiles are
 // half as large: Q + 3 stages + fp16 V + P + barriers = 223,296 B; bf16 stays at 2).
-template <int BlockN, int PageSize, bool Fp8, bool Causal, int Stages = 2>
+// Tma (bf16 wgmma_ws, page_size >= 8): the producer fills the stages by TMA in the 64-byte-
+// swizzled layout, which serves as K-major K for QK (k_desc) and as MN-major V for PV
+// (v_desc); otherwise stages are interleaved and filled by cp.async.
+template <int BlockN, int PageSize, bool Fp8, bool Causal, int Stages = 2, bool Tma = false>
 struct MlaDecodeWgmmaConfig : WgmmaTile<BlockN, PageSize, Fp8, Causal> {
   using T = WgmmaTile<BlockN, PageSize, Fp8, Causal>;
   using T::BN;
@@ -67,7 +73,9 @@ struct MlaDecodeWgmmaConfig : WgmmaTile<BlockN, PageSize, Fp8, Causal> {
   // V as the 16-bit B operand of PV: 8-key groups are kVGroupBytes apart (the LBO).
   static constexpr int kVGroupBytes = Fp8 ? 8 * kVDim * 2 : kGroupBytes;
   static constexpr int kStages = Stages;
-  static constexpr bool kSw64 = false;                        // KV stages: interleaved layout (k_desc)
+  static constexpr bool kSw64 = Tma;                          // KV stage layout (k_desc, v_desc)
+  static constexpr int kTmaRows = PageSize < BlockN ? PageSize : BlockN;   // one box: <= one page
+  static constexpr int kTmaBoxBytes = kTmaRows * 64;
 
   static constexpr int kVBytes = Fp8 ? BN * kVDim * 2 : 0;
   static constexpr int kPBytes = kRows * kPStride;
@@ -82,6 +90,8 @@ struct MlaDecodeWgmmaConfig : WgmmaTile<BlockN, PageSize, Fp8, Causal> {
   static_assert(Stages >= 2 && Stages <= 3, "2 or 3 KV stages");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
   static_assert(kOffKv % 128 == 0 && kOffV % 128 == 0 && kStageBytes % 128 == 0, "core matrices are 128-byte aligned");
+  static_assert(!Tma || (!Fp8 && PageSize >= 8 && kOffKv % 512 == 0 && kStageBytes % 512 == 0),
+                "TMA stages: bf16, page_size >= 8, 512-byte-aligned swizzle atoms");
 };
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
@@ -384,6 +394,60 @@ __device__ __forceinline__ void convert_v_half(uint8_t* smem, int stage, int hal
   }
 }
 
+// ---- TMA (page_size >= 8: the fp8 TMA loops and bf16 wgmma_ws) --------------------------------
+// A TMA stage is 64-byte swizzled: (row, 16-byte chunk) sits in column block chunk / 4 (BN rows
+// x 64 B), at row * 64, its position in the 64-byte row XORed with (row / 2) % 4 (TMA
+// SWIZZLE_64B = wgmma's 64-byte swizzle; both act on address bits, every block 512-byte aligned).
+// Adds tx bytes to the barrier's expected count and arrives once (the barrier's one arrival).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// One box (kTmaRows rows from pool row `row`, bytes col .. col+63) into dst, completing its bytes
+// on bar. map: see the kernel's kv_map.
+__device__ __forceinline__ void tma_load_box(uint32_t dst, const void* map, int col, int row, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(map), "r"(col), "r"(row), "r"(bar)
+      : "memory");
+}
+
+// The producer warp's TMA copies of the tile of BN virtual tokens from tok0 into the stage at
+// stage_addr: the row's 64-byte column blocks (fp8 9, bf16 18) x the pages holding a token
+// before kv_tok_end (pages past it are not looked up: their kv_indices entry may not exist),
+// spread over the 32 lanes. The page lookups run before the wait for the stage to be free;
+// lane 0 posts the byte count.
+template <class C>
+__device__ __forceinline__ void produce_kv_tile_tma(uint32_t stage_addr, uint32_t bar_full, uint32_t bar_empty,
+                                                    uint32_t empty_parity, const void* map,
+                                                    const int* __restrict__ kv_indices, int tok0, int kv_tok_end,
+                                                    int lane) {
+  constexpr int kBlocks = C::kRowBytes / 64;                  // 64-byte column blocks (fp8 9, bf16 18)
+  constexpr int kMaxBoxes = (C::BN / C::kTmaRows) * kBlocks;  // <= 144 (bf16, page_size 8)
+  const int pages = (min(C::BN, kv_tok_end - tok0) + C::kTmaRows - 1) / C::kTmaRows;
+  const int boxes = pages * kBlocks;
+  int row[(kMaxBoxes + 31) / 32];
+#pragma unroll
+  for (int i = 0; i < (kMaxBoxes + 31) / 32; ++i) {
+    const int b = lane + 32 * i;
+    row[i] = 0;
+    if (b < boxes) {
+      const int v = tok0 + (b / kBlocks) * C::kTmaRows;
+      row[i] = static_cast<int>(kv_pool_row<C>(kv_indices, v));
+    }
+  }
+  wg::mbar_wait(bar_empty, empty_parity);
+  if (lane == 0) mbar_arrive_expect_tx(bar_full, boxes * C::kTmaBoxBytes);
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < (kMaxBoxes + 31) / 32; ++i) {
+    const int b = lane + 32 * i;
+    if (b < boxes) {
+      const int blk = b % kBlocks, pg = b / kBlocks;
+      tma_load_box(stage_addr + blk * (C::BN * 64) + pg * C::kTmaBoxBytes, map, blk * 64, row[i], bar_full);
+    }
+  }
+}
+
 // ---- maths -----------------------------------------------------------------------------------
 // S = Q . K[keys of warpgroup half]^T over all 576 dims, in two calls so that work can run
 // while the tensor cores compute. fp8: Hopper's e4m3 wgmma accumulates with about 14 bits of
@@ -500,6 +564,38 @@ __device__ __forceinline__ void qk_finish(float (&s)[C::kSTiles][4], QkAcc<C>& a
   fence_operands(s);
 }
 
+// B operand (V, MN-major: 256 columns of warpgroup half x 16 keys, step kk) of PV. v_addr = the
+// V tile plus the half's first column. Interleaved: core matrices of 8 keys x 8 columns, 8-key
+// groups kVGroupBytes apart (LBO), 8-column groups 128 B apart (SBO). 64-byte-swizzled bf16 TMA
+// stages: an atom is 8 keys x 32 columns (512 B, the K-major K atom read the other way), the
+// next 32 columns are a column block (BN x 64 B) away (LBO), the next 8 keys 512 B (SBO), and
+// step kk starts 16 keys = 1 KB further.
+template <class C>
+__device__ __forceinline__ uint64_t v_desc(uint32_t v_addr, int kk) {
+  if constexpr (C::kSw64) {
+    return make_desc(v_addr + kk * 16 * 64, C::BN * 64, 512) | (2ull << 62);
+  } else {
+    return make_desc(v_addr + kk * 2 * C::kVGroupBytes, C::kVGroupBytes, 128);
+  }
+}
+
+// bf16 TMA stages: a tile's rows past its valid keys (the tail page's rows past the work's end,
+// possibly NaN; pages not loaded keep an earlier tile's bytes) are zeroed in V's 512 columns,
+// so that P = 0 never meets a NaN (K there is masked in the softmax by select). The 256 consumer
+// threads each store 16-byte zeros; the caller fences the stores to the async proxy and syncs.
+template <class C>
+__device__ __forceinline__ void zero_v_tail(uint8_t* smem, int stage, int valid) {
+  if constexpr (C::kSw64) {
+    uint8_t* base = smem + C::kOffKv + stage * C::kStageBytes;
+    const int chunks = (C::BN - valid) * (kVDim * 2 / 16);   // 64 chunks of 16 B per row
+    for (int i = threadIdx.x; i < chunks; i += kThreads) {
+      const int row = valid + (i >> 6), c = i & 63;            // 16-byte chunk c of the row's 1 KB of V
+      // block c / 4, row's 64 bytes; which 16 bytes of them does not matter: all four are zeroed
+      *reinterpret_cast<uint4*>(base + (c >> 2) * (C::BN * 64) + row * 64 + (c & 3) * 16) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 // Issues (does not wait for) O[64 x cols of half] += P[64 x BN] . V[BN x 256].
 template <class C>
 __device__ __forceinline__ void pv_issue(float (&o)[C::kOTiles][4], const uint8_t* smem, int stage, int group,
@@ -509,12 +605,12 @@ __device__ __forceinline__ void pv_issue(float (&o)[C::kOTiles][4], const uint8_
 #pragma unroll
   for (int kk = 0; kk < C::BN / 16; ++kk) ldmatrix_x4(a[kk], p_addr + kk * 32);
   const uint8_t* v_base = C::kFp8 ? smem + C::kOffV : smem + C::kOffKv + stage * C::kStageBytes;
-  const uint32_t v_addr = smem_addr(v_base) + half * (kVDim / 2 / 8) * 128;
+  const uint32_t v_addr = smem_addr(v_base) + (C::kSw64 ? half * (kVDim / 2 / 32) * (C::BN * 64) : half * (kVDim / 2 / 8) * 128);
   fence_operands(o);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < C::BN / 16; ++kk)
-    wgmma_pv<C::kFp8>(o, a[kk], make_desc(v_addr + kk * 2 * C::kVGroupBytes, C::kVGroupBytes, 128));
+    wgmma_pv<C::kFp8>(o, a[kk], v_desc<C>(v_addr, kk));
   wgmma_commit();
   fence_operands(o);
 }
