@@ -28,12 +28,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aiter_mla import arch, paths, work_info
+from aiter_mla import arch, paths
+from aiter_mla.jit.render import template_globals
 from aiter_mla.ops import metadata as md
 from aiter_mla.ops.metadata_reference import (
     num_splits_for,
     overhead_blocks,
     reference_schedule,
+    slice_width,
     to_buffers,
 )
 from aiter_mla.work_info import WI, WORK_INFO_INTS
@@ -202,9 +204,17 @@ def check_schedule(qo, kv, lpl, *, work_indptr, work_info, reduce_indptr, reduce
         assert n_rindptr >= B + 1 and n_final >= B and n_partial >= len(reduce_partial_map)
 
     # balance (metadata.py's proof): every cluster costs <= delta + OVH, plus the blocks of
-    # one tail the tail rule merged; exactly delta + OVH when no cut was dropped
-    S = sum(-(-(kv[b + 1] - kv[b]) // G) + ovh for b in range(B))
+    # one tail the tail rule merged; exactly delta + OVH when no cut was dropped. delta is
+    # ceil(S / N), or for equal batch costs c the next multiple of c if within 9/8 of it
+    costs = [-(-(kv[b + 1] - kv[b]) // G) + ovh for b in range(B)]
+    S = sum(costs)
     delta = -(-S // N) if B else 0
+    if B and len(set(costs)) == 1:
+        whole = -(-delta // costs[0]) * costs[0]
+        if whole - delta <= 8 and (whole - delta) * 8 <= delta:
+            delta = whole
+            # uniform batches in whole slices: none is split
+            assert W == B and not reduce_partial_map, (W, B)
     tail = tail_blocks_bound(max_seqlen_qo, page_size, G)
     if max_seqlen_qo == 1:
         assert tail == 0
@@ -297,6 +307,26 @@ def test_reference_hand_worked_example():
     assert s.reduce_indptr == [0, 2, 2, 8]
     assert s.reduce_partial_map == [0, 1, 2, 3, 4, 5, 6, 7]
     assert s.reduce_final_map == [(0, 1), (1, 2), (2, 3)]
+
+
+@pytest.mark.parametrize("B, pages, C, want_delta, want_works", [
+    (64, 50, 66, 51, 64),      # ceil(64 * 51 / 66) = 50 is a block short of a batch: 51
+    (128, 50, 66, 102, 128),   # 99 -> two batches per cluster (+3 blocks)
+    (64, 128, 66, 129, 64),    # the bench's b64 ctx 8192: 126 -> 129
+    (64, 50, 60, 55, 121),     # 55 -> 102 would add 47 blocks: the plain lattice splits
+    (4, 1000, 66, 61, 69),     # batches far longer than a slice: split as before
+    (256, 365, 66, 1420, 321),  # b256 ctx 23333: 4 batches would add 44 blocks (> 8)
+    (40, 3, 66, 3, 67),        # 3 -> 4 adds 1 block, more than 3 / 8: split
+])
+def test_uniform_batches_fill_whole_slices(B, pages, C, want_delta, want_works):
+    # page 64, G = 1, OVH = 1: each batch costs pages + 1 blocks (slice_width's rule)
+    qo = list(range(B + 1))
+    kv = [b * pages for b in range(B + 1)]
+    s = check_reference(qo, kv, [64] * B, C=C, page_size=64, G=1, thr=1, heads=128)
+    assert s.delta == want_delta and s.num_works == want_works
+    assert (len(s.reduce_partial_map) == 0) == (want_works == B)
+    assert slice_width([pages + 1] * B, C) == want_delta
+    assert slice_width([pages + 1] * (B - 1) + [pages], C) == -(-((pages + 1) * B - 1) // C)
 
 
 def test_zero_length_batches_get_one_unsplit_work():
@@ -585,7 +615,7 @@ def render_template(arch_name: str) -> str:
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.TEMPLATES_DIR)),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    env.globals.update(work_info.template_constants())
+    env.globals.update(template_globals())
     tmpl = env.get_template("mla_metadata.cu.j2")
     return tmpl.render(arch=arch_name, module="mla_metadata",
                        arch_family="amd" if arch_name.startswith("gfx") else "nvidia")
@@ -672,6 +702,10 @@ def test_emulated_kernel_edge_cases(emulator):
         ([8192] * 256, 132, 1, 64, 1),                   # OVH 16: clusters start mid-overhead
         ([8192] * 256, 132, 64, 1, 1),                   # one cut per cluster boundary
         ([1, 0, 2, 0, 3] * 300, 264, 64, 1, 1),          # tiny batches, many per cluster
+        ([3200] * 64, 66, 64, 1, 1),                     # uniform: whole batches per slice
+        ([3200] * 128, 66, 64, 1, 1),
+        ([3200] * 2000, 66, 64, 1, 1),                   # uniform over several tiles
+        ([3200] * 1999 + [3201], 66, 64, 1, 1),          # one batch differs: plain lattice
     ]
     for lens, C, ps, G, thr in cases:
         qo, kv, lpl = make_inputs(lens, [thr] * len(lens), ps)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import work_info
+from ..ops import metadata_reference
 from ..arch import NVIDIA_ARCHS
 from .config import ModuleConfig
 
@@ -40,6 +41,16 @@ class Rendered:
 _environments: dict[str, Any] = {}
 
 
+def template_globals() -> dict[str, int]:
+    """Constants every template sees (Jinja globals): the work record's ``WI_*`` field indices
+    and ``WORK_INFO_INTS`` (:mod:`aiter_mla.work_info`), and the scheduler's
+    ``WHOLE_BATCH_SLACK`` (:mod:`aiter_mla.ops.metadata_reference`), so the kernels and the
+    Python reference share one definition. Raises nothing."""
+    consts = work_info.template_constants()
+    consts["WHOLE_BATCH_SLACK"] = metadata_reference.WHOLE_BATCH_SLACK
+    return consts
+
+
 def _environment(tdir: Path):
     import jinja2  # only the cold path renders; a warm hit never imports Jinja
 
@@ -53,7 +64,7 @@ def _environment(tdir: Path):
             # two edits within one filesystem timestamp tick; rendering is off the hot path.
             cache_size=0,
         )
-        envj.globals.update(work_info.template_constants())
+        envj.globals.update(template_globals())
         _environments[str(tdir)] = envj
     return envj
 

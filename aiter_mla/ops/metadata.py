@@ -10,7 +10,10 @@ reference the kernel is tested against).
 
 Proofs. B batches, C clusters, N <= C the clusters the payload is spread over; batch b costs
 ``c_b = blocks_b + OVH`` and occupies ``[P_b, P_b + c_b)`` on the cost line (overhead first,
-then blocks), ``S = sum c_b``, ``delta = ceil(S / N)`` (>= 1 when B >= 1, as S >= OVH).
+then blocks), ``S = sum c_b``, ``delta >= ceil(S / N)`` (>= 1 when B >= 1, as S >= OVH):
+``ceil(S / N)``, or a whole number of batches when they are uniform
+(:func:`~aiter_mla.ops.metadata_reference.slice_width`); the proofs below use only
+``S <= N * delta``.
 A piece starting at line position x (a cut, or ``P_b + OVH``) goes to cluster
 ``min(N - 1, x // delta)``.
 

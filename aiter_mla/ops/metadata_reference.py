@@ -11,7 +11,15 @@ AITER's payload (``delta + OVH`` per cluster, plus one merged tail: ``metadata.p
 
 * Batch b costs ``c_b = blocks_b + OVH`` (``blocks_b = ceil(kv_pages_b / kv_granularity)``)
   and occupies ``[P_b, P_b + c_b)`` with ``P_b = sum_{i<b} c_i``: its OVH overhead units,
-  then its blocks. ``delta = ceil(S / num_splits)``, ``S = sum c_b``.
+  then its blocks. ``delta = ceil(S / num_splits)``, ``S = sum c_b``, except for uniform
+  batches (every ``c_b = c``): there ``delta = k c``, a whole number of batches
+  (``k = ceil(ceil(S / num_splits) / c)``), when that adds at most ``min(8, ceil(S /
+  num_splits) / 8)`` blocks to the slice (:func:`slice_width`). The lattice then falls on
+  batch boundaries and no batch is split.
+  (This package's rule: with 64 equal batches on 66 clusters, ``ceil(S / N)`` is one block
+  short of a batch and the plain lattice cut 63 of them in two, so the reduce read every row
+  back: 17 us of a 120 us call on the H200, docs/perf/notes.md. AITER's greedy walk keeps such
+  batches whole while they fit its payload.)
 * A cut of batch b may sit at each multiple ``m * delta`` strictly inside its block region
   (so both sides get >= 1 block), at block offset ``m * delta - P_b - OVH``.
 * A piece starting at line position ``x`` (a cut, or ``P_b + OVH`` for a batch's first piece)
@@ -50,6 +58,10 @@ from dataclasses import dataclass, field
 from ..work_info import WI, WORK_INFO_INTS
 
 INT32_MAX = 2**31 - 1
+#: Most cost blocks :func:`slice_width` adds to a slice to keep uniform batches whole: 8 blocks
+#: (8 KV tiles at the decode op's granularity) cost about what the reduce of the split
+#: batches does (~15-20 us at 128 rows on the H200, docs/perf/notes.md).
+WHOLE_BATCH_SLACK = 8
 #: Query rows one qo tile holds (AITER ``kPackedQoLenPerWg``); larger shapes need qo splits.
 MAX_TILE_ROWS = 128
 
@@ -176,7 +188,8 @@ class Schedule:
 
     ``work_info[w]`` is an 8-tuple in :data:`aiter_mla.work_info.WORK_INFO_FIELDS` order.
     ``cluster_cost[c]`` is cluster c's load in cost blocks (KV blocks + OVH per piece).
-    ``delta`` = ``ceil(total cost / num_splits)``, the spacing of the cut lattice;
+    ``delta`` = the spacing of the cut lattice (:func:`slice_width`: ``ceil(total cost /
+    num_splits)``, or a whole number of uniform batches);
     ``payload`` = ``delta + overhead``, the most any cluster costs when the tail rule
     merges nothing (``metadata.py`` has the proof).
     """
@@ -202,6 +215,26 @@ class Schedule:
         return len(self.work_info)
 
 
+def slice_width(costs: list[int], num_splits: int) -> int:
+    """The cost-line slice ``delta`` of a schedule whose batches cost ``costs`` (cost blocks,
+    KV blocks + OVH each) over ``num_splits`` clusters: ``d = ceil(S / num_splits)``; for
+    uniform costs ``c``, ``k c`` with ``k = ceil(d / c)`` instead when the extra ``k c - d`` is
+    at most :data:`WHOLE_BATCH_SLACK` blocks and at most ``d / 8`` (whole batches per cluster,
+    no split, for a bounded extra cost per cluster). 0 without batches. Source: this package
+    (module docstring); AITER's greedy v1_2 walk keeps uniform batches whole while they fit
+    its payload.
+    """
+    if not costs:
+        return 0
+    delta = -(-sum(costs) // num_splits)
+    c = costs[0]
+    if c > 0 and all(x == c for x in costs):
+        extra = -(-delta // c) * c - delta
+        if extra <= WHOLE_BATCH_SLACK and 8 * extra <= delta:
+            delta += extra
+    return delta
+
+
 def reference_schedule(qo_indptr, kv_indptr, kv_last_page_lens, *, num_heads: int,
                        num_clusters: int, page_size: int, kv_granularity: int,
                        max_seqlen_qo: int, max_split_per_batch: int = -1) -> Schedule:
@@ -225,9 +258,8 @@ def reference_schedule(qo_indptr, kv_indptr, kv_last_page_lens, *, num_heads: in
     G = kv_granularity
     ovh = overhead_blocks(page_size)
     blocks = [-(-(kv[b + 1] - kv[b]) // G) for b in range(nb)]
-    total_cost = sum(blocks) + ovh * nb
     nsplits = num_splits_for(num_clusters, max_split_per_batch, nb)
-    delta = -(-total_cost // nsplits)
+    delta = slice_width([x + ovh for x in blocks], nsplits)
 
     def tokens_after(b: int, page: int) -> int:
         """Real KV tokens of batch b at or after page index ``page`` (0 at the tail)."""

@@ -38,8 +38,8 @@ class Patch:
 
     def loader(self):
         """TMA loader lane 0 (row 2 of g_phase_clk): slot 0 wait on empty, 1 page lookups +
-        issue, 9 tiles (inside ovl::produce_kv_tile_tma)."""
-        h = os.path.join(self.dst, "common", "mla_decode_sm90_ovl.cuh")
+        issue, 9 tiles (inside wg::produce_kv_tile_tma)."""
+        h = os.path.join(self.dst, "common", "mla_decode_sm90_wgmma.cuh")
         hs = open(h).read()
         edits = [("""  wg::mbar_wait(bar_empty, empty_parity);
   if (lane == 0) mbar_arrive_expect_tx(bar_full, boxes * C::kTmaBoxBytes);""", """  unsigned int pt1 = clock();
