@@ -57,6 +57,16 @@ thread_local int tid = 0;
 
 inline void sync_block() { blk->block.wait(); }
 
+// __syncthreads_count: the number of threads whose pred is non-zero, returned to all.
+inline int sync_count(int pred) {
+  blk->slots[tid] = pred != 0;
+  blk->block.wait();
+  int n = 0;
+  for (int i = 0; i < blk->nthreads; ++i) n += (int)blk->slots[i];
+  blk->block.wait();
+  return n;
+}
+
 template <class T>
 inline T shfl_up(T v, int d) {
   const int w = tid / kWarp, lane = tid % kWarp;
@@ -75,6 +85,7 @@ inline T shfl_up(T v, int d) {
 #define MD_TID (emu::tid)
 #define MD_NTHREADS (emu::blk->nthreads)
 #define MD_SYNC() emu::sync_block()
+#define MD_SYNC_COUNT(pred) emu::sync_count(pred)
 #define MD_SHFL_UP(v, d) emu::shfl_up((v), (d))
 #define MD_FFS(m) __builtin_ffsll((long long)(m))
 

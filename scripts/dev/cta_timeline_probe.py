@@ -12,7 +12,6 @@ launch, straggling lists and the reduce. CASES="fp8:128:1:64:3200,bf16:128:1:64:
 the default cases.
 """
 import os
-import shutil
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,11 +36,7 @@ KERNEL_END = "    }\n  }\n}\n\n}  // namespace\n"
 
 
 def build(dst):
-    src = os.path.join(HERE, "..", "..", "templates")
-    shutil.rmtree(dst, ignore_errors=True)
-    shutil.copytree(src, dst)
-    path = os.path.join(dst, "mla_decode.cu.j2")
-    s = open(path).read()
+    from probe_common import patch_decode_template
     edits = [
         ('#include "common/aiter_mla_common.cuh"\n', DECL),
         ("  aiter_mla_launch_dependents();\n", "  aiter_mla_launch_dependents();\n  const unsigned long long tl_start = tl_now();\n"),
@@ -49,11 +44,7 @@ def build(dst):
                      f"  if (threadIdx.x == 0 && tl_cta < {MAX_CTAS}) {{\n"
                      "    g_cta_tl[tl_cta][0] = tl_start; g_cta_tl[tl_cta][1] = tl_now();\n  }\n}\n\n}  // namespace\n"),
     ]
-    for old, new in edits:
-        assert s.count(old) == 1, (old, s.count(old))
-        s = s.replace(old, new)
-    open(path, "w").write(s + EXPORT)
-    print("patched", path)
+    patch_decode_template(dst, edits, EXPORT)
 
 
 def cases():
@@ -70,11 +61,10 @@ def run(outdir):
 
     import torch
     sys.path.insert(0, os.getcwd())
-    import aiter_mla
     import op_tests.test_mla_persistent as T
     from aiter_mla.jit import get_module
     from aiter_mla.ops import decode as dec
-    from graph_timing import graph_us
+    from graph_timing import split_times
 
     dtypes = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}
     rows = []
@@ -82,17 +72,9 @@ def run(outdir):
         dt = dtypes[dt_name]
         c = T.make_case(h, q, 64, dt, [ctx] * b, seed=1, spare_pages=0)
         bufs = T.plan(c)
-        (_meta, work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map) = bufs
+        work_indptr, work_info_set = bufs[1], bufs[2]
         o = torch.empty((c.q.shape[0], h, 512), dtype=torch.bfloat16, device="cuda")
-        n_part = int(reduce_partial_map.numel())
-        split_o = torch.empty((max(1, n_part) * q, 1, h, 512), dtype=torch.float32, device="cuda")
-        split_lse = torch.empty((max(1, n_part) * q, 1, h, 1), dtype=torch.float32, device="cuda")
-        full = graph_us(lambda: T.decode_with(c, bufs, o, lse_out=False))
-        dec_only = graph_us(lambda: aiter_mla.hk_mla_decode_fwd(
-            c.q, c.kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens, work_indptr, work_info_set,
-            c.max_seqlen_q, T.SM_SCALE, split_o, split_lse, o, q_scale=c.q_scale, kv_scale=c.kv_scale))
-        red_only = graph_us(lambda: aiter_mla.mla_reduce_v1(split_o, split_lse, reduce_indptr, reduce_final_map,
-                                                             reduce_partial_map, c.max_seqlen_q, o))
+        full, dec_only, red_only = split_times(c, bufs, h, q)
         mod = get_module("mla_decode", **dec.decode_variant(h, q, 64, dt, dt))
         fn = mod.function("aiter_mla_cta_timeline", [ctypes.c_void_p, ctypes.c_int], ctypes.c_int)
         buf = (ctypes.c_ulonglong * (MAX_CTAS * 2))()
@@ -129,7 +111,7 @@ def run(outdir):
                     f"median {med(r[0] for r in rate):.3f} fastest {rate[-1][0]:.3f}; tiles/list med "
                     f"{med(r[1] for r in rate)} max {max(r[1] for r in rate)}")
         print(rows[-1], flush=True)
-        del c, bufs, o, split_o, split_lse
+        del c, bufs, o
         torch.cuda.empty_cache()
     os.makedirs(outdir, exist_ok=True)
     open(os.path.join(outdir, "cta_timeline.txt"), "w").write("\n".join(rows) + "\n")

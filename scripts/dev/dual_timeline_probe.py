@@ -30,12 +30,7 @@ AITER_MLA_EXPORT int aiter_mla_timeline(unsigned long long* out, int reset) {
 
 
 def build(dst):
-    import shutil
-    src = os.path.join(HERE, "..", "..", "templates")
-    shutil.rmtree(dst, ignore_errors=True)
-    shutil.copytree(src, dst)
-    path = os.path.join(dst, "mla_decode.cu.j2")
-    s = open(path).read()
+    from probe_common import patch_decode_template
     edits = [
         ('#include "common/aiter_mla_common.cuh"\n', TL_DECL),
         ("  aiter_mla_launch_dependents();\n", "  aiter_mla_launch_dependents();\n  const unsigned long long tl_start = tl_now();\n"),
@@ -55,11 +50,7 @@ def build(dst):
          "    r[0] = tl_start; r[1] = tl_first; r[2] = tl_last; r[3] = tl_now(); r[4] = tl_tiles; r[5] = tl_works;\n"
          "  }\n}\n"),
     ]
-    for old, new in edits:
-        assert s.count(old) == 1, (old, s.count(old))
-        s = s.replace(old, new)
-    open(path, "w").write(s + TL_EXPORT)
-    print("patched", path)
+    patch_decode_template(dst, edits, TL_EXPORT)
 
 
 def run(outdir):

@@ -11,9 +11,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.getcwd())
-import aiter_mla  # noqa: E402
 import op_tests.test_mla_persistent as T  # noqa: E402
-from scripts.dev.graph_timing import graph_us  # noqa: E402
+from scripts.dev.graph_timing import split_times  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 CASES = [(16, 1, 1, 21), (16, 1, 64, 3200), (16, 1, 64, 8192), (16, 1, 128, 3200), (16, 1, 128, 8192),
@@ -24,22 +23,13 @@ rows = [f"{'case':28s} {'clusters':>8s} {'works':>6s} {'splits':>6s} {'full us':
 for h, q, b, ctx in CASES:
     c = T.make_case(h, q, 64, FP8, [ctx] * b, seed=1, spare_pages=0)
     bufs = T.plan(c)
-    (meta, work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map) = bufs
-    o = torch.empty((c.q.shape[0], h, 512), dtype=torch.bfloat16, device="cuda")
-    n_part = int(reduce_partial_map.numel())
-    split_o = torch.empty((max(1, n_part) * q, 1, h, 512), dtype=torch.float32, device="cuda")
-    split_lse = torch.empty((max(1, n_part) * q, 1, h, 1), dtype=torch.float32, device="cuda")
-    full = graph_us(lambda: T.decode_with(c, bufs, o, lse_out=False))
-    dec_only = graph_us(lambda: aiter_mla.hk_mla_decode_fwd(
-        c.q, c.kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens, work_indptr, work_info_set,
-        c.max_seqlen_q, T.SM_SCALE, split_o, split_lse, o, q_scale=c.q_scale, kv_scale=c.kv_scale))
-    red_only = graph_us(lambda: aiter_mla.mla_reduce_v1(split_o, split_lse, reduce_indptr, reduce_final_map,
-                                                         reduce_partial_map, c.max_seqlen_q, o))
+    work_indptr = bufs[1]
+    full, dec_only, red_only = split_times(c, bufs, h, q)
     works = int(work_indptr[-1])
     rows.append(f"fp8 ({h},{q}) b{b} c{ctx}".ljust(28) + f" {work_indptr.numel() - 1:8d} {works:6d} {works - b:6d}"
                 f" {full:8.1f} {dec_only:8.1f} {red_only:8.1f}")
     print(rows[-1], flush=True)
-    del c, bufs, o, split_o, split_lse
+    del c, bufs
     torch.cuda.empty_cache()
 os.makedirs(sys.argv[1], exist_ok=True)
 open(os.path.join(sys.argv[1], "fixed_cost.txt"), "w").write("\n".join(rows) + "\n")

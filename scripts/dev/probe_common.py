@@ -78,3 +78,18 @@ class Patch:
     def save(self):
         open(self.path, "w").write(self.s + EXPORT)
         print("patched", self.path)
+
+
+def patch_decode_template(dst, edits, export):
+    """A copy of templates/ at dst whose decode template has each (old, new) of ``edits``
+    applied (each old must occur exactly once) and ``export`` appended (the timeline probes)."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "templates")
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    path = os.path.join(dst, "mla_decode.cu.j2")
+    s = open(path).read()
+    for old, new in edits:
+        assert s.count(old) == 1, (old, s.count(old))
+        s = s.replace(old, new)
+    open(path, "w").write(s + export)
+    print("patched", path)
