@@ -704,8 +704,9 @@ def test_emulated_kernel_edge_cases(emulator):
         ([1, 0, 2, 0, 3] * 300, 264, 64, 1, 1),          # tiny batches, many per cluster
         ([3200] * 64, 66, 64, 1, 1),                     # uniform: whole batches per slice
         ([3200] * 128, 66, 64, 1, 1),
-        ([3200] * 2000, 66, 64, 1, 1),                   # uniform over several tiles
-        ([3200] * 1999 + [3201], 66, 64, 1, 1),          # one batch differs: plain lattice
+        ([3200] * 2041, 66, 64, 1, 1),                   # uniform over several tiles: 1578 -> 1581
+        ([3200] * 63 + [3201], 66, 64, 1, 1),            # one tile, one batch differs: 50, not 51
+        ([3200] * 127 + [3201], 66, 64, 1, 1),           # several tiles, one differs: 99, not 102
     ]
     for lens, C, ps, G, thr in cases:
         qo, kv, lpl = make_inputs(lens, [thr] * len(lens), ps)

@@ -32,7 +32,7 @@ kept cut, which is ``(m - 1) delta`` as kept cuts are consecutive multiples, or 
 ``ceil((floor((max_seqlen_qo - 2) / page_size) + 1) / kv_granularity)``: the most blocks
 after a cut that leaves fewer than max_seqlen_qo tokens (its last page holds >= 1 token).
 Then every cluster k costs <= ``delta + OVH + tail``, and <= ``delta + OVH`` (AITER's
-payload) when the tail rule drops no cut. Proof: k's pieces start in ``[k delta, (k+1)
+payload when delta = ceil(S / N)) when the tail rule drops no cut. Proof: k's pieces start in ``[k delta, (k+1)
 delta)`` (the last cluster: up to S <= N delta). Their line intervals are disjoint: a first
 piece ``[P_b, end)``, a cut piece ``[m delta, end)`` plus OVH not on the line. Start: if k's
 first piece starts at the cut ``k delta`` its interval starts there and it pays the one

@@ -7,7 +7,7 @@ walks the clusters greedily with a budget of ``delta + OVH`` each (spec §5.2); 
 cluster about ``delta`` blocks, but a cluster's pieces here depend only on where they sit on
 the line, so the device kernel can place every piece independently (prefix sums, no serial
 walk over clusters). The cut positions therefore differ from AITER's; the balance bound is
-AITER's payload (``delta + OVH`` per cluster, plus one merged tail: ``metadata.py``).
+AITER's payload form (``delta + OVH`` per cluster, plus one merged tail: ``metadata.py``).
 
 * Batch b costs ``c_b = blocks_b + OVH`` (``blocks_b = ceil(kv_pages_b / kv_granularity)``)
   and occupies ``[P_b, P_b + c_b)`` with ``P_b = sum_{i<b} c_i``: its OVH overhead units,

@@ -1,5 +1,5 @@
 """Where a decode call's time goes across CTAs, for any main loop (issue 6, docs/perf/notes.md
-"The per-call fixed cost at 128 rows"): %globaltimer stamps per CTA in an instrumented copy of
+"The 128-row per-call fixed cost"): %globaltimer stamps per CTA in an instrumented copy of
 templates/ (dual_timeline_probe.py does the same per warpgroup for wgmma_dual).
 
 usage: python3 scripts/dev/cta_timeline_probe.py build OUT_TEMPLATES

@@ -1,5 +1,6 @@
 """CUDA-graph timing shared by the scripts/dev device checks (fp8_loop_check.py, rs_knockout.py,
-fixed_cost_probe.py, dual_timeline_probe.py), on the bench's own timer."""
+fixed_cost_probe.py, dual_timeline_probe.py, cta_timeline_probe.py, metadata_ab.py), on the
+bench's own timer."""
 import torch
 
 import op_tests.test_mla_persistent as T

@@ -3,7 +3,7 @@
 usage: [AITER_MLA_TEMPLATES_DIR=<templates copy>] [TAG=name] python3 scripts/dev/metadata_ab.py
 Run once per templates copy (e.g. `git archive <commit> templates | tar -x -C DIR`), in one
 device call. Per shape (page 64, 128 heads, qlen 1; op_tests/bench_metadata.py's inputs): the
-works the schedule made and the median / second-best of three CUDA-graph timings (16 calls per
+works the schedule made and the best and the median of three CUDA-graph timings (16 calls per
 replay). No reference check: an old templates copy may schedule differently on purpose.
 """
 import os
