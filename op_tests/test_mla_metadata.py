@@ -563,6 +563,12 @@ def test_op_argument_checks(monkeypatch):
         md.get_mla_metadata_v1(torch.tensor(qo, dtype=torch.int32), torch.tensor(kv),
                                torch.tensor(lpl, dtype=torch.int32), 16, 1, False, *b[:1],
                                b[2], b[1], *b[3:], max_seqlen_qo=1)
+    # buffers sized for 128 heads (CU_NUM 10: 5 lists) used for 16 (20 lists): the message
+    # names the head count, q length and list count that decided the size
+    big_heads = alloc(md.get_mla_metadata_info_v1(2, 1, 128, None, None))
+    with pytest.raises(ValueError, match=r"work_indptr has 6 rows; this input needs >= 21 .*"
+                                         r"num_head_qo = 16, max_seqlen_qo = 1; this call has 20 work lists"):
+        call_op(big_heads, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
     # uni_seqlen_qo alone is enough
     call_op(alloc(info), qo, kv, lpl, page_size=16, uni_seqlen_qo=1)
 

@@ -240,7 +240,8 @@ def _check_int32_vector(t, name: str, device) -> None:
         raise ValueError(f"{name} must be on {device}, got {t.device}")
 
 
-def _check_buffer(t, name: str, dtype, min_rows: int, cols: int | None, device) -> None:
+def _check_buffer(t, name: str, dtype, min_rows: int, cols: int | None, device,
+                  sizing: str = "batch_size >= the batch count") -> None:
     import torch
 
     if not isinstance(t, torch.Tensor):
@@ -259,7 +260,7 @@ def _check_buffer(t, name: str, dtype, min_rows: int, cols: int | None, device) 
     if t.shape[0] < min_rows:
         raise ValueError(
             f"{name} has {t.shape[0]} rows; this input needs >= {min_rows} "
-            "(allocate it from get_mla_metadata_info_v1 with batch_size >= the batch count)")
+            f"(allocate it from get_mla_metadata_info_v1 with {sizing})")
 
 
 class _Kernel:
@@ -391,14 +392,19 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
                   max_split_per_batch=max_split_per_batch)
     nsplit = num_splits_for(nc, max_split_per_batch, nb)
 
-    _check_buffer(work_metadata_ptrs, "work_metadata_ptrs", torch.uint64, 2, None, device)
-    _check_buffer(work_indptr, "work_indptr", torch.int32, nc + 1, None, device)
+    # The sizes follow the batch count and the work-list count, which the heads, the q length
+    # and the device (or CU_NUM) decide: the hint names what this call used.
+    sizing = (f"batch_size >= {nb}, num_head_qo = {num_heads}, max_seqlen_qo = {max_seqlen_qo}; "
+              f"this call has {nc} work lists from the heads, q length and device / CU_NUM")
+    _check_buffer(work_metadata_ptrs, "work_metadata_ptrs", torch.uint64, 2, None, device,
+                  "any arguments: it always has 2 entries")
+    _check_buffer(work_indptr, "work_indptr", torch.int32, nc + 1, None, device, sizing)
     _check_buffer(work_info_set, "work_info_set", torch.int32, max_works(nb, nsplit),
-                  WORK_INFO_INTS, device)
-    _check_buffer(reduce_indptr, "reduce_indptr", torch.int32, nb + 1, None, device)
-    _check_buffer(reduce_final_map, "reduce_final_map", torch.int32, nb, 2, device)
+                  WORK_INFO_INTS, device, sizing)
+    _check_buffer(reduce_indptr, "reduce_indptr", torch.int32, nb + 1, None, device, sizing)
+    _check_buffer(reduce_final_map, "reduce_final_map", torch.int32, nb, 2, device, sizing)
     _check_buffer(reduce_partial_map, "reduce_partial_map", torch.int32,
-                  max_partial_entries(nb, nsplit), None, device)
+                  max_partial_entries(nb, nsplit), None, device, sizing)
 
     if device.type == "cuda":
         _launch(device, seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
