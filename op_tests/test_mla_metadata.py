@@ -713,6 +713,8 @@ def test_emulated_kernel_edge_cases(emulator):
         ([3200] * 2041, 66, 64, 1, 1),                   # uniform over several tiles: 1578 -> 1581
         ([3200] * 63 + [3201], 66, 64, 1, 1),            # one tile, one batch differs: 50, not 51
         ([3200] * 127 + [3201], 66, 64, 1, 1),           # several tiles, one differs: 99, not 102
+        ([3200, 3328] * 32, 66, 64, 1, 1),               # whole mean (52) but unequal: 51, not 52
+        ([3200, 3328] * 64, 66, 64, 1, 1),               # the same over several tiles: 101, not 104
     ]
     for lens, C, ps, G, thr in cases:
         qo, kv, lpl = make_inputs(lens, [thr] * len(lens), ps)
