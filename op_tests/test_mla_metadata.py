@@ -477,6 +477,14 @@ def test_info_shapes_and_order(monkeypatch):
             264, 264, 264, 264 if experimental == "1" else 132, 66]
 
 
+def test_info_batch_size_fits_int32(monkeypatch):
+    monkeypatch.setenv("CU_NUM", "132")
+    nc = arch.num_clusters(128, 1)
+    md.get_mla_metadata_info_v1(2**31 - nc, 1, 128, None, None)   # B + C - 1 = 2**31 - 1: fits
+    with pytest.raises(ValueError, match=r"batch_size must be <= \d+ \(int32 work indices.*got 2147483648"):
+        md.get_mla_metadata_info_v1(2**31, 1, 128, None, None)
+
+
 @pytest.mark.parametrize("kw", [dict(is_sparse=True), dict(intra_batch_mode=True),
                                 dict(fast_mode=False)])
 def test_info_unsupported_modes(kw, monkeypatch):

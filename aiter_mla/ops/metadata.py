@@ -57,6 +57,7 @@ from typing import Any
 
 from .. import arch as _arch
 from .metadata_reference import (
+    INT32_MAX,
     check_int,
     check_scalars,
     num_splits_for,
@@ -148,7 +149,8 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     Source: AITER ``aiter/ops/attention.py`` (fast mode); the bounds are proven in this module's
     docstring and tighter than AITER's only where AITER over-counts qo tiles.
     Raises NotImplementedError for ``is_sparse``, ``intra_batch_mode``, ``fast_mode=False`` or
-    more than 128 rows per tile; ValueError for a negative batch size or non-positive lengths;
+    more than 128 rows per tile; ValueError for a negative batch size, one whose work indices
+    would not fit int32, or non-positive lengths;
     RuntimeError when no GPU is visible and ``CU_NUM`` is unset.
     """
     import torch
@@ -162,6 +164,10 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     check_scalars(num_heads=num_head_qo, num_clusters=1, page_size=1, kv_granularity=1,
                   max_seqlen_qo=max_seqlen_qo, max_split_per_batch=-1)
     nc = _arch.num_clusters(num_head_qo, max_seqlen_qo)
+    if max_works(batch_size, nc) > INT32_MAX:
+        # work and reduce-entry indices are int32 in every buffer and kernel
+        raise ValueError(f"batch_size must be <= {INT32_MAX - nc + 1} (int32 work indices with "
+                         f"{nc} work lists), got {batch_size}")
     return [
         ((2,), torch.uint64),
         ((nc + 1,), torch.int32),
