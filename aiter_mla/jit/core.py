@@ -243,7 +243,8 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
                       else f"is not built in {' or '.join(str(c.root) for c in state.caches)}")
         raise JitDisabledError(
             f"AITER_MLA_DISABLE_JIT=1 and {variant} (key {key[:16]}...) {state_text}: build it "
-            f"first ({cmd}) or unset AITER_MLA_DISABLE_JIT"
+            f"first in an environment without AITER_MLA_DISABLE_JIT ({cmd}; it refuses to build "
+            f"while the variable is set), or unset AITER_MLA_DISABLE_JIT"
         )
     cache = state.writable_cache()
     with cache.lock(key, f"build of {variant}"):
