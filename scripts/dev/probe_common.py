@@ -66,8 +66,8 @@ class Patch:
         indent: the consumer's `mbar_wait(bar_full ...)` line indentation, followed by PH(0)."""
         self.rep("""  extern __shared__ __align__(128) uint8_t smem[];""", """  extern __shared__ __align__(128) uint8_t smem[];
   __shared__ unsigned int issue_clk[8];""")
-        self.rep("""                                             w.kv_tok_start + t * Cfg::BN, w.kv_tok_end, lane);
-""", """                                             w.kv_tok_start + t * Cfg::BN, w.kv_tok_end, lane);
+        self.rep("""                                            w.kv_tok_start + t * Cfg::BN, w.kv_tok_end, lane);
+""", """                                            w.kv_tok_start + t * Cfg::BN, w.kv_tok_end, lane);
           if (lane == 0) issue_clk[stage] = clock();
 """)
         wait = indent + "mla::wg::mbar_wait(bar_full + stage * 8, (seq / kS) & 1);\n"

@@ -585,14 +585,13 @@ __device__ __forceinline__ uint64_t v_desc(uint32_t v_addr, int kk) {
 // threads each store 16-byte zeros; the caller fences the stores to the async proxy and syncs.
 template <class C>
 __device__ __forceinline__ void zero_v_tail(uint8_t* smem, int stage, int valid) {
-  if constexpr (C::kSw64) {
-    uint8_t* base = smem + C::kOffKv + stage * C::kStageBytes;
-    const int chunks = (C::BN - valid) * (kVDim * 2 / 16);   // 64 chunks of 16 B per row
-    for (int i = threadIdx.x; i < chunks; i += kThreads) {
-      const int row = valid + (i >> 6), c = i & 63;            // 16-byte chunk c of the row's 1 KB of V
-      // block c / 4, row's 64 bytes; which 16 bytes of them does not matter: all four are zeroed
-      *reinterpret_cast<uint4*>(base + (c >> 2) * (C::BN * 64) + row * 64 + (c & 3) * 16) = make_uint4(0, 0, 0, 0);
-    }
+  static_assert(C::kSw64 && !C::kFp8, "bf16 TMA stages only");
+  uint8_t* base = smem + C::kOffKv + stage * C::kStageBytes;
+  const int chunks = (C::BN - valid) * (kVDim * 2 / 16);   // 64 chunks of 16 B per row
+  for (int i = threadIdx.x; i < chunks; i += kThreads) {
+    const int row = valid + (i >> 6), c = i & 63;            // 16-byte chunk c of the row's 1 KB of V
+    // block c / 4, row's 64 bytes; which 16 bytes of them does not matter: all four are zeroed
+    *reinterpret_cast<uint4*>(base + (c >> 2) * (C::BN * 64) + row * 64 + (c & 3) * 16) = make_uint4(0, 0, 0, 0);
   }
 }
 
