@@ -23,6 +23,7 @@ from aiter_mla.ops import decode as dec  # noqa: E402
 from aiter_mla.reference import relative_l2  # noqa: E402
 from aiter_mla.jit import get_module  # noqa: E402
 from scripts.dev.graph_timing import time_case  # noqa: E402
+from scripts.dev.probe_common import read_device_counters  # noqa: E402
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
 mode, outdir = sys.argv[1], sys.argv[2]
@@ -227,18 +228,7 @@ if mode == "phase":
     for name, h, q, P, dt, b, ctx in TIMES[:int(os.environ.get("PHASE_N", 5))]:
         set_loop(NEW)
         c = T.make_case(h, q, P, dt, [ctx] * b, seed=1, spare_pages=0)
-        bufs = T.plan(c)
-        o = torch.empty((c.q.shape[0], h, 512), dtype=torch.bfloat16, device="cuda")
-        T.decode_with(c, bufs, o, lse_out=False)
-        torch.cuda.synchronize()
-        mod = get_module("mla_decode", **dec.decode_variant(h, q, P, dt, dt))
-        fn = mod.function("aiter_mla_phase_clocks", [ctypes.c_void_p, ctypes.c_int], ctypes.c_int)
-        buf = (ctypes.c_ulonglong * 30)()
-        fn(buf, 1)
-        T.decode_with(c, bufs, o, lse_out=False)
-        torch.cuda.synchronize()
-        assert fn(buf, 0) == 0
-        v = list(buf)
+        v = read_device_counters(c, T.plan(c), h, "aiter_mla_phase_clocks", ctypes.c_ulonglong, 30)
         for wg in (0, 1):
             n = max(1, v[wg * 10 + 9])
             rows.append(f"{name:24s} wg{wg} tiles={n} " + " ".join(

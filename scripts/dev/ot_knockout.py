@@ -10,12 +10,22 @@ garbage; never run the tests on them). usage: python3 scripts/dev/ot_knockout.py
   norescale: never rescale O^T (a mutant: test_row_max_moves_mid_work must fail on it)
   memonly: consumers only wait for each KV stage and release it (no QK, fragments, softmax, PV):
            the time the loader and the memory path alone need for the schedule
+  nomem  : the loader issues no TMA copy (it arrives on the stage's full barrier at once): the
+           consumers compute on whatever the stages hold (the compute side and its barriers alone)
+  onecta : the second 64-row CTA of a 128-row work exits at once (half the L2 -> SM traffic of
+           (128,1), the same work per SM)
+  stages3: 3 KV stages instead of wgmma_ot's 4
+  nosoftmax: no softmax_p and no O^T rescale (P and its factors keep whatever they hold); with
+           nomem and nofrag: the loop's wgmmas, barriers and stage protocol alone
+  warparrive: (not wrong, a candidate) one arrival per consumer warp on a stage's empty barrier
+           (8) instead of one per thread (256)
 """
 import os
 import shutil
 import sys
 
-src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "templates")
+# KO_SRC: the templates folder to copy (default: the repository's)
+src = os.environ.get("KO_SRC") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "templates")
 dst, opt = sys.argv[1], sys.argv[2]
 shutil.rmtree(dst, ignore_errors=True)
 shutil.copytree(src, dst)
@@ -53,6 +63,24 @@ EDITS = {
           mla::ot::rescale_ot<Cfg>(o, smem, buf, lane);
           mla::ot::pv_issue<Cfg>(o, a, smem, buf);
 """, "          (void)buf;\n")],
+    "nomem": [("common/mla_decode_sm90_wgmma.cuh",
+               "  if (lane == 0) mbar_arrive_expect_tx(bar_full, boxes * C::kTmaBoxBytes);",
+               "  if (lane == 0) mbar_arrive(bar_full);"),
+              ("common/mla_decode_sm90_wgmma.cuh",
+               "      tma_load_box(stage_addr + blk * (C::BN * 64) + pg * C::kTmaBoxBytes, map, blk * 64, row[i], bar_full);",
+               "      (void)blk; (void)pg; (void)map;")],
+    "onecta": ("mla_decode.cu.j2", "  aiter_mla_launch_dependents();\n",
+               "  aiter_mla_launch_dependents();\n  if (blockIdx.y == 1) return;\n"),
+    # (S stays live through an impossible store, else ptxas drops the QK wgmmas as dead code)
+    "nosoftmax": [("mla_decode.cu.j2", "          mla::ot::softmax_p<Cfg>(s, st, smem, buf, w.kv_tok_start + t * Cfg::BN, scale_log2, group, half, lane);\n",
+                   "          if (w.kv_tok_start < 0) { float x = 0.f; for (int j = 0; j < Cfg::kSTiles; ++j) x += s[j][0] + s[j][1] + s[j][2] + s[j][3];"
+                   " reinterpret_cast<float*>(smem)[threadIdx.x] = x; }\n"),
+                  ("mla_decode.cu.j2", "          mla::ot::rescale_ot<Cfg>(o, smem, buf, lane);\n", "")],
+    "stages3": ("common/mla_decode_sm90_ot.cuh", "  static constexpr int kStages = 4; ", "  static constexpr int kStages = 3; "),
+    "warparrive": [("mla_decode.cu.j2", "  constexpr int kEmptyArrivals = mla::kThreads / kRings;",
+                    "  constexpr int kEmptyArrivals = {{ '8' if mainloop == 'wgmma_ot' else 'mla::kThreads / kRings' }};"),
+                   ("mla_decode.cu.j2", "w.kv_tok_end - (w.kv_tok_start + t * Cfg::BN));\n          mla::wg::mbar_arrive(bar_empty + stage * 8);",
+                    "w.kv_tok_end - (w.kv_tok_start + t * Cfg::BN));\n          __syncwarp();\n          if (lane == 0) mla::wg::mbar_arrive(bar_empty + stage * 8);")],
 }
 for rel, old, new in [e for o in opt.split(",") for e in (EDITS[o] if isinstance(EDITS[o], list) else [EDITS[o]])]:
     p = os.path.join(dst, rel)

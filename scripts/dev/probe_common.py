@@ -1,4 +1,5 @@
-"""Shared pieces of the phase-clock probes (fp8_loop_probe.py, ot_phase_probe.py): a patched
+"""Shared pieces of the phase-clock probes (fp8_loop_probe.py; ot_phase_probe.py until change 17,
+which replaced it by ot_phase2.py: a global atomic at every stamp distorts the phases): a patched
 copy of templates/, the PH(slot) clock macro over g_phase_clk[3][10], and the host export that
 fp8_loop_check.py's phase mode reads."""
 import os
@@ -93,3 +94,26 @@ def patch_decode_template(dst, edits, export):
         s = s.replace(old, new)
     open(path, "w").write(s + export)
     print("patched", path)
+
+
+def read_device_counters(c, bufs, heads, export, ctype, n, calls=1):
+    """Runs case ``c`` (``T.plan`` buffers ``bufs``) once to warm up, resets the instrumented
+    decode module's counters through its ``export(out, reset)`` function, runs ``calls`` more
+    decodes and returns the ``n`` counters (``ctype`` each) as a list."""
+    import ctypes
+    import torch
+    import op_tests.test_mla_persistent as T
+    from aiter_mla.jit import get_module
+    from aiter_mla.ops import decode as dec
+    o = torch.empty((c.q.shape[0], heads, 512), dtype=torch.bfloat16, device="cuda")
+    T.decode_with(c, bufs, o, lse_out=False)
+    torch.cuda.synchronize()
+    mod = get_module("mla_decode", **dec.decode_variant(heads, c.max_seqlen_q, int(c.kv.shape[1]), c.q.dtype, c.kv.dtype))
+    fn = mod.function(export, [ctypes.c_void_p, ctypes.c_int], ctypes.c_int)
+    buf = (ctype * n)()
+    fn(buf, 1)
+    for _ in range(calls):
+        T.decode_with(c, bufs, o, lse_out=False)
+    torch.cuda.synchronize()
+    assert fn(buf, 0) == 0
+    return list(buf)
