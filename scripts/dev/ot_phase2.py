@@ -15,6 +15,9 @@ import os
 import shutil
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from probe_common import counters_export  # noqa: E402
+
 LABELS = {
     "old": ["wait full", "QK (+ PV(t-1) ahead)", "V^T frags + release", "softmax", "fence + barrier",
             "O^T rescale", "PV issue", "-", "loop top", "tiles"],
@@ -25,16 +28,7 @@ LABELS = {
 MACRO = ('#include "common/aiter_mla_common.cuh"\n__device__ unsigned int g_ph2[2][10];\n'
          '#define PH(slot) if ((threadIdx.x & 127) == 0) { const unsigned int ph_n = clock(); '
          'ph_sm[threadIdx.x >> 7][slot] += ph_n - ph_t; ph_t = ph_n; }\n')
-EXPORT = '''
-AITER_MLA_EXPORT int aiter_mla_phase2(unsigned int* out, int reset) {
-  cudaError_t e = cudaMemcpyFromSymbol(out, g_ph2, sizeof(unsigned int) * 20);
-  if (e == cudaSuccess && reset) {
-    unsigned int z[20] = {};
-    e = cudaMemcpyToSymbol(g_ph2, z, sizeof(z));
-  }
-  return e;
-}
-'''
+EXPORT = counters_export("aiter_mla_phase2", "g_ph2", "unsigned int", 20)
 
 COMMON = [
     ("#include \"common/aiter_mla_common.cuh\"\n", MACRO),

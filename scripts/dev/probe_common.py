@@ -9,16 +9,23 @@ PH_MACRO = ('#include "common/aiter_mla_common.cuh"\n__device__ unsigned long lo
             '#define PH(slot) if ((threadIdx.x & 127) == 0) { const unsigned int ph_n = clock(); '
             'atomicAdd(&g_phase_clk[threadIdx.x >> 7][slot], (unsigned long long)(ph_n - ph_t)); ph_t = ph_n; }\n')
 
-EXPORT = '''
-AITER_MLA_EXPORT int aiter_mla_phase_clocks(unsigned long long* out, int reset) {
-  cudaError_t e = cudaMemcpyFromSymbol(out, g_phase_clk, sizeof(unsigned long long) * 30);
-  if (e == cudaSuccess && reset) {
-    unsigned long long z[30] = {};
-    e = cudaMemcpyToSymbol(g_phase_clk, z, sizeof(z));
-  }
+def counters_export(fn, symbol, ctype, n):
+    """Host export ``fn(out, reset)`` of an instrumented decode module: copies the ``n``
+    ``ctype`` counters of device array ``symbol`` to ``out`` and zeroes them when ``reset``
+    (read by read_device_counters)."""
+    return f'''
+AITER_MLA_EXPORT int {fn}({ctype}* out, int reset) {{
+  cudaError_t e = cudaMemcpyFromSymbol(out, {symbol}, sizeof({ctype}) * {n});
+  if (e == cudaSuccess && reset) {{
+    {ctype} z[{n}] = {{}};
+    e = cudaMemcpyToSymbol({symbol}, z, sizeof(z));
+  }}
   return e;
-}
+}}
 '''
+
+
+EXPORT = counters_export("aiter_mla_phase_clocks", "g_phase_clk", "unsigned long long", 30)
 
 
 class Patch:

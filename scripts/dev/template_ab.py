@@ -6,7 +6,8 @@ usage: python3 scripts/dev/template_ab.py OUTDIR NAME=TEMPLATES_DIR [NAME=TEMPLA
   is timed under every folder in turn, ROUNDS times (interleaved, so drift shows as a spread),
   by scripts/dev/graph_timing.py (CUDA-graph replay, decode + reduce). Writes OUTDIR/ab.txt.
   env CASES: ';'-separated fp8_loop_check.timed_case names (default: the fp8 (128,1) and
-  (64,1) cases below); ROUNDS (default 2).
+  (64,1) cases below); ROUNDS (default 2); LOOP: an fp8 main loop to force in every arm
+  (decode.force_mainloop; default: the shipped choice).
 """
 import os
 import subprocess
@@ -42,6 +43,8 @@ def use_templates(folder):
 
 
 def main():
+    if os.environ.get("LOOP"):
+        dec.force_mainloop("fp8", os.environ["LOOP"])
     outdir, specs = sys.argv[1], sys.argv[2:]
     os.makedirs(outdir, exist_ok=True)
     arms = [(s.partition("=")[0], s.partition("=")[2] or None) for s in specs]
