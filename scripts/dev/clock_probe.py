@@ -5,7 +5,8 @@ usage: python3 scripts/dev/clock_probe.py OUTDIR NAME=TEMPLATES_DIR [...]
   For each arm (NAME=HEAD: the repository's templates/), the decode + reduce of CASE runs in a
   loop for SECONDS while `nvidia-smi -lms 50` samples the GPU; then an fp8 GEMM (torch._scaled_mm,
   8192^3) does the same as the power reference. Prints the median SM clock (MHz), power (W), the
-  clock-event reasons seen, and the calls' µs. Builds run first (template_ab.py's build mode).
+  clock-event reasons seen, and the calls' µs (eager calls, not graph replay), and writes them
+  to OUTDIR/clocks.txt. Builds run first (template_ab.py's build mode).
   env CASE (default "fp8 (128,1) b64 c8192"), SECONDS (default 4).
 """
 import os

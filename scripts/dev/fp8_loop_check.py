@@ -2,7 +2,7 @@
 
 usage: python3 scripts/dev/fp8_loop_check.py build|build_time|acc|time|phase OUTDIR
   env OVL_LOOP  the loop under test (default wgmma_ovl); CMP_LOOPS  loops timed after wgmma_ws
-  acc   : accuracy of OVL_LOOP vs the float64 reference on 20 cases (exit 1 on a failure)
+  acc   : accuracy of OVL_LOOP vs the float64 reference on 25 cases (exit 1 on a failure)
   time  : CUDA-graph timings (decode + reduce, median of 20 replays of 8 calls), wgmma_ws first;
           TIME_N: only the first N cases; TIMES=few: the <= 32-row shapes; TIMES=ab: both dtypes;
           TIMES=bf16: the bf16 default loop

@@ -13,7 +13,7 @@ garbage; never run the tests on them). usage: python3 scripts/dev/ot_knockout.py
   nomem  : the loader issues no TMA copy (it arrives on the stage's full barrier at once): the
            consumers compute on whatever the stages hold (the compute side and its barriers alone)
   onecta : the second 64-row CTA of a 128-row work exits at once (half the L2 -> SM traffic of
-           (128,1), the same work per SM)
+           (128,1), the same work per SM; no effect at block_m 64, which has no second CTA)
   stages3: 3 KV stages instead of wgmma_ot's 4
   nosoftmax: no softmax_p and no O^T rescale (P and its factors keep whatever they hold); with
            nomem and nofrag: the loop's wgmmas, barriers and stage protocol alone

@@ -8,8 +8,13 @@ usage:
       old: the shipped loop (as at 82e578c: PV(t) issued before QK(t+1)); new: a templates
       folder with scripts/dev/patches/ot_pv_under_softmax.patch applied (PV(t) issued after
       QK(t+1)'s chunks, under softmax(t+1)). Slots are printed with the order's labels.
-  python3 scripts/dev/ot_phase2.py run OUTDIR NAME=TEMPLATES:old|new [...]
-      env CASES (';'-separated, default "fp8 (128,1) b64 c8192;fp8 (128,1) b64 c3200")
+  python3 scripts/dev/ot_phase2.py run OUTDIR NAME=OUT_TEMPLATES [...]
+      OUT_TEMPLATES: a folder made by `patch` (its order is read from the PHASE_ORDER file
+      that `patch` writes there). Prints each arm's cycles per tile and writes
+      OUTDIR/phase2.txt. env CASES (';'-separated, default
+      "fp8 (128,1) b64 c8192;fp8 (128,1) b64 c3200")
+Counting starts after each work's Q load (old: before QK(0); new: after tile 0's softmax and
+barrier), so a work's start and epilogue are in no slot.
 """
 import os
 import shutil

@@ -1,11 +1,14 @@
 """Phase clocks of the wgmma_seesaw loop, light version (issue 6, docs/perf/notes.md change 17).
 This is ot_phase2.py's method: thread 0 of each consumer warpgroup adds clock() deltas into
 shared-memory counters, which are flushed to global memory once per CTA. It replaces
-seesaw_probe.py's global atomic at every stamp.
+seesaw_probe.py's global atomic at every stamp. Unlike ot_phase2.py, the clock reference is
+taken at kernel entry, so "between pairs" also holds each CTA's start, each work's Q load and
+the previous work's epilogue.
 
 usage:
   python3 scripts/dev/seesaw_phase2.py patch OUT_TEMPLATES [SRC_TEMPLATES]
   python3 scripts/dev/seesaw_phase2.py run OUTDIR OUT_TEMPLATES
+      (forces wgmma_seesaw; prints and writes OUTDIR/seesaw_phase2.txt)
       env CASES (';'-separated, default "fp8 (128,1) b64 c8192;fp8 (128,1) b64 c3200")
 Slots (cycles per tile pair): see LABELS; role A = warpgroup 0, role B = warpgroup 1.
 """
