@@ -1,8 +1,8 @@
 """Phase clocks of the wgmma_seesaw loop, light version (issue 6, docs/perf/notes.md change 17).
 This is ot_phase2.py's method: thread 0 of each consumer warpgroup adds clock() deltas into
-shared-memory counters, which are flushed to global memory once per CTA. It replaces
-seesaw_probe.py's global atomic at every stamp. Unlike ot_phase2.py, the clock reference is
-taken at kernel entry, so "between pairs" also holds each CTA's start, each work's Q load and
+shared-memory counters, which are flushed to global memory once per CTA. It replaces the
+removed `seesaw_probe.py probe` (a global read-modify-write at every stamp). Unlike
+ot_phase2.py, the clock reference is taken at kernel entry, so "between pairs" also holds each CTA's start, each work's Q load and
 the previous work's epilogue.
 
 usage:
