@@ -98,21 +98,26 @@ def ctas_per_work(num_heads: int, max_seqlen_q: int) -> int:
     return tile_rows(num_heads, max_seqlen_q) // 64
 
 
-def num_clusters(num_heads: int, max_seqlen_q: int, num_heads_k: int = 1, device=None) -> int:
-    """Number of persistent work lists: ``num_CU x occupancy / (ctas_per_work x num_heads_k)``.
+def num_clusters(num_heads: int, max_seqlen_q: int, num_heads_k: int = 1, device=None, *,
+                 cu: int | None = None) -> int:
+    """Number of persistent work lists: ``num_CU x occupancy / (ctas_per_work x num_heads_k)``,
+    num_CU = ``cu`` when given (planning for a GPU that is not here), else :func:`num_cu`.
 
     Source: AITER ``get_mla_metadata_v1_2_device`` (#3072): num_CU x occupancy / num_heads_k.
     Ours divides by ``ctas_per_work`` too: a 128-row work runs on two CTAs at once, so an H200
     holds 66 of them, not 132 (with 132 lists, every batch below 132 was split and the reduce
     cost 24 us of 266 at fp8 (128,1) b64 ctx 8192; docs/perf/notes.md change 13). Raises
-    TypeError when an argument is not an int, ValueError for ``num_heads_k < 1``.
+    TypeError when an argument is not an int, ValueError for ``num_heads_k < 1`` or ``cu < 1``.
     """
-    for name, value in (("num_heads", num_heads), ("max_seqlen_q", max_seqlen_q), ("num_heads_k", num_heads_k)):
+    for name, value in (("num_heads", num_heads), ("max_seqlen_q", max_seqlen_q), ("num_heads_k", num_heads_k),
+                        ("cu", 1 if cu is None else cu)):
         if isinstance(value, bool) or not hasattr(type(value), "__index__"):
             raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if num_heads_k < 1:
         raise ValueError(f"num_heads_k must be >= 1, got {num_heads_k}")
-    lists = num_cu(device) * occupancy(num_heads, max_seqlen_q)
+    if cu is not None and cu < 1:
+        raise ValueError(f"cu must be >= 1, got {cu}")
+    lists = (num_cu(device) if cu is None else cu) * occupancy(num_heads, max_seqlen_q)
     return max(1, lists // (ctas_per_work(num_heads, max_seqlen_q) * num_heads_k))
 
 

@@ -477,6 +477,23 @@ def test_info_shapes_and_order(monkeypatch):
             264, 264, 264, 264 if experimental == "1" else 132, 66]
 
 
+def test_num_clusters_for_a_given_cu_count(monkeypatch):
+    """cu= plans for a multiprocessor count that is not the local GPU's (metadata dump on a CPU):
+    it must count the work lists exactly as CU_NUM does."""
+    shapes = ((16, 1), (32, 1), (16, 2), (64, 1), (128, 1), (16, 4))
+    for cu in (1, 7, 132):
+        monkeypatch.setenv("CU_NUM", str(cu))
+        via_env = [arch.num_clusters(h, q) for h, q in shapes]
+        monkeypatch.delenv("CU_NUM")
+        assert [arch.num_clusters(h, q, cu=cu) for h, q in shapes] == via_env
+    assert [arch.num_clusters(h, q, cu=132) for h, q in shapes] == [264, 264, 264, 132, 66, 132]
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match=f"cu must be >= 1, got {bad}"):
+            arch.num_clusters(128, 1, cu=bad)
+    with pytest.raises(TypeError, match="cu must be an int"):
+        arch.num_clusters(128, 1, cu=1.5)
+
+
 def test_info_batch_size_fits_int32(monkeypatch):
     monkeypatch.setenv("CU_NUM", "132")
     nc = arch.num_clusters(128, 1)

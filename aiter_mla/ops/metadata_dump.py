@@ -64,8 +64,7 @@ def build(args):
         try:
             clusters = arch.num_clusters(args.heads, max_q)
         except RuntimeError:
-            # an H200 (no GPU visible here and CU_NUM unset), as arch.num_clusters counts
-            clusters = max(1, 132 * arch.occupancy(args.heads, max_q) // arch.ctas_per_work(args.heads, max_q))
+            clusters = arch.num_clusters(args.heads, max_q, cu=132)   # an H200: no GPU here, CU_NUM unset
     qo, kv, lpl = [0], [0], []
     for t, q in zip(tokens, qlens):
         pages = -(-t // ps)
