@@ -552,7 +552,12 @@ def test_partial_last_page_nan(warm, mainloop, dtype):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("heads,qlen", [(16, 4), (128, 1), (32, 1)])
 def test_page_size_equivalence(warm, mainloop, heads, qlen, dtype):
-    """The same tokens laid out with page sizes 1, 16, 64 give the same attention."""
+    """The same tokens laid out with page sizes 1, 16, 64 give the same attention, under each
+    page size's own schedule. The schedules split the batches at different tokens, so fp8's e4m3
+    P is rounded against different row maxima: the bound there is the rounding noise (the float64
+    model scripts/dev/pair_rounding_model.py gives 4.0-4.6e-3 for wgmma_ot's per-tile references
+    and 6.4-6.8e-3 for wgmma_seesaw's per-pair ones on these lengths), not exactness.
+    ``test_page_size_same_splits`` holds the layouts to exactness at equal split points."""
     kv_lens = [17, 33, 75, 197]
     g = torch.Generator().manual_seed(21)
     tokens = [torch.randn(n, D, generator=g) for n in kv_lens]
@@ -562,9 +567,38 @@ def test_page_size_equivalence(warm, mainloop, heads, qlen, dtype):
         o, lse, _ = run_decode(c)
         check(f"page equiv ({heads},{qlen}) P={P} {dtype}", c, o, lse)
         outs[P] = (o.double(), lse.double())
+    bound = 1e-2 if dtype == "fp8" else 5e-3
     for P in (16, 64):
-        assert relative_l2(outs[P][0], outs[1][0]) <= 5e-3
+        assert relative_l2(outs[P][0], outs[1][0]) <= bound
         assert lse_error(outs[P][1], outs[1][1]) <= 1e-3
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("heads,qlen", [(16, 4), (128, 1), (32, 1)])
+def test_page_size_same_splits(warm, mainloop, heads, qlen, dtype):
+    """Page sizes 1, 16, 64 under one hand-made schedule that splits every batch at the same
+    tokens (multiples of 64): each work then sees the same 64-key tiles, so the partial rows,
+    LSEs and final rows must agree to float32 rounding whatever the page table looks like."""
+    kv_lens = [17, 75, 197, 300]
+    cut_tokens = {1: [64], 2: [64, 128], 3: [128, 256]}
+    g = torch.Generator().manual_seed(23)
+    tokens = [torch.randn(n, D, generator=g) for n in kv_lens]
+    outs = {}
+    for P in PAGE_SIZES:
+        c = make_case(heads, qlen, P, DTYPES[dtype], kv_lens, seed=23, tokens=tokens)
+        cuts = {b: [t // P for t in ts] for b, ts in cut_tokens.items()}
+        o, final_lse, split_out, split_lse, _ = run_manual_schedule(c, cuts)
+        check(f"same splits ({heads},{qlen}) P={P} {dtype}", c, o, final_lse)
+        outs[P] = [x.double() for x in (o, final_lse, split_out, split_lse)]
+    for P in (16, 64):
+        for name, i in (("final rows", 0), ("partial rows", 2)):
+            err = relative_l2(outs[P][i], outs[1][i])
+            assert err <= 1e-6, f"P={P} against P=1, {name}: relative L2 {err:.3e}"
+        for name, i in (("final LSE", 1), ("partial LSE", 3)):
+            err = lse_error(outs[P][i], outs[1][i])
+            assert err <= 1e-5, f"P={P} against P=1, {name}: {err:.3e}"
 
 
 @gpu
@@ -634,6 +668,27 @@ def manual_schedule(c: Case, cuts: dict, num_clusters: int):
             t(partial_map if partial_map else [0]), row)
 
 
+def run_manual_schedule(c: Case, cuts: dict, reduce: bool = True):
+    """Decode ``c`` under ``manual_schedule(c, cuts, arch.num_clusters(...))`` into NaN-filled
+    buffers, then (``reduce``) merge the split rows with mla_reduce_v1. Returns (o [tokens, heads,
+    DV] bf16, final_lse [tokens, heads], split_out [rows, 1, heads, DV], split_lse [rows, 1,
+    heads, 1], the schedule tuple)."""
+    heads, qlen = c.heads, c.max_seqlen_q
+    sched = manual_schedule(c, cuts, arch.num_clusters(heads, qlen))
+    work_indptr, work_info_set, reduce_indptr, final_map, partial_map, n_rows = sched
+    split_out = torch.full((n_rows, 1, heads, DV), float("nan"), device="cuda")
+    split_lse = torch.full((n_rows, 1, heads, 1), float("nan"), device="cuda")
+    o = torch.full((c.q.shape[0], heads, DV), float("nan"), dtype=torch.bfloat16, device="cuda")
+    final_lse = torch.full((c.q.shape[0], heads), float("nan"), device="cuda")
+    aiter_mla.hk_mla_decode_fwd(c.q, c.kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens,
+                                work_indptr, work_info_set, qlen, SM_SCALE, split_out, split_lse, o,
+                                q_scale=c.q_scale, kv_scale=c.kv_scale, final_lse=final_lse)
+    if reduce:
+        aiter_mla.mla_reduce_v1(split_out, split_lse, reduce_indptr, final_map, partial_map, qlen, o, final_lse)
+    torch.cuda.synchronize()
+    return o, final_lse, split_out, split_lse, sched
+
+
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -644,16 +699,8 @@ def test_manual_splits(warm, mainloop, heads, qlen, P, dtype):
     kv_lens = [2 * P + 2, 3 * P, 0, 5 * P + 1]
     c = make_case(heads, qlen, P, DTYPES[dtype], kv_lens, seed=41)
     cuts = {0: [1, 2], 1: [1], 3: [2, 4]}
-    clusters = arch.num_clusters(heads, qlen)
-    work_indptr, work_info_set, reduce_indptr, final_map, partial_map, n_rows = manual_schedule(c, cuts, clusters)
-    split_out = torch.full((n_rows, 1, heads, DV), float("nan"), device="cuda")
-    split_lse = torch.full((n_rows, 1, heads, 1), float("nan"), device="cuda")
-    o = torch.full((c.q.shape[0], heads, DV), float("nan"), dtype=torch.bfloat16, device="cuda")
-    final_lse = torch.full((c.q.shape[0], heads), float("nan"), device="cuda")
-    aiter_mla.hk_mla_decode_fwd(c.q, c.kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens,
-                                work_indptr, work_info_set, qlen, SM_SCALE, split_out, split_lse, o,
-                                q_scale=c.q_scale, kv_scale=c.kv_scale, final_lse=final_lse)
-    torch.cuda.synchronize()
+    o, final_lse, split_out, split_lse, (work_indptr, work_info_set, reduce_indptr, final_map, partial_map,
+                                         n_rows) = run_manual_schedule(c, cuts, reduce=False)
     split_args = (c.q, c.kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens, work_indptr,
                   work_info_set, reduce_indptr, final_map, partial_map)
     ref_out, ref_lse, p_out, p_lse = split_reference(*split_args, sm_scale=SM_SCALE, q_scale=c.q_scale,

@@ -78,8 +78,9 @@ BLOCK_N = {"fp8": 64, "bf16": 32}
 #: transposed, O^T = V^T P^T, with V^T built in registers from the KV tile: no transpose pass;
 #: 4 KV stages) and "wgmma_seesaw" (fp8 only: wgmma_ot's transposed PV with the two consumer
 #: warpgroups scoring alternate tiles at N = 64, FlashMLA's seesaw: one warpgroup's softmax runs
-#: under the other's PV) and "wgmma_rs" (fp8 only: the warpgroups split the CTA's rows, 32 each,
-#: and run QK and PV transposed with the rows as N, meeting only at the KV stages; measured
+#: under the other's PV; since change 18 both warpgroups score their tile at once and exchange
+#: only the row maxima; the fp8 default) and "wgmma_rs" (fp8 only: the warpgroups split the
+#: CTA's rows, 32 each, and run QK and PV transposed with the rows as N, meeting only at the KV stages; measured
 #: 1.05-1.08x wgmma_ot where one warpgroup holds every real row ((16,1), (32,1), batch >= 128),
 #: 1.25x slower at (128,1)) and "wgmma_dual" (fp8 only, shapes of <= 32 rows, ``FEW_ROWS``:
 #: wgmma_rs's maths with each consumer warpgroup running its own work list on its own producer
@@ -101,15 +102,17 @@ FEW_ROWS = arch.FEW_ROWS
 DUAL_LOOPS = ("wgmma_dual",)
 
 #: dtype -> the main loop ``decode_variant`` picks when none is asked for (above ``FEW_ROWS``
-#: rows; see FEW_ROWS_MAINLOOP below). fp8: wgmma_ot,
-#: measured on the H200 (decode + reduce, CUDA graph, same run; docs/perf/notes.md, issue 6
-#: changes 3-8; after change 8, same run: 275.6 us against wgmma_seesaw 365.4, wgmma_ws 432.4):
-#: fp8 (128,1) b64 ctx 8192 301.2 us against wgmma_ovl 323.7 and wgmma_ws 445.5;
-#: (16,1) b128 ctx 8192 265.0 / 299.7 / 411.3; (64,1) b128 ctx 8192 292.0 / 314.0 / 434.8;
-#: (128,1) b1 ctx 21 11.2 / 13.4 / 13.3; 20/20 accuracy cases and the persistent tests pass.
-#: bf16: wgmma_ws (the fp8 loops' PV is an e4m3 wgmma); wgmma_ws was 1.1x wgmma, which was
-#: 1.3-1.5x mma (changes 1-2).
-DEFAULT_MAINLOOP = {"fp8": "wgmma_ot", "bf16": "wgmma_ws"}
+#: rows; see FEW_ROWS_MAINLOOP below). fp8: wgmma_seesaw with the symmetric pair (issue 6 change
+#: 18, docs/perf/notes.md), measured on the H200 against wgmma_ot (decode + reduce, CUDA graph,
+#: same call, two repeats): (128,1) b64 ctx 8192 206.3 / 207.8 us against 222.8 / 227.1;
+#: b64 ctx 3200 90.9 / 90.9 against 97.7 / 97.6; b128 ctx 4096 216.1 / 217.6 against
+#: 233.1 / 236.7; (64,1) b128 ctx 8192 214.0 / 218.8 against 223.7 / 229.3. Its results move
+#: with the schedule's split points by ~1.4x wgmma_ot's (one tile of each pair is rounded to
+#: e4m3 against its partner's max) at the same error against float64.
+#: Before: wgmma_ot (changes 3-8; after change 8, same run: 275.6 us against wgmma_seesaw 365.4,
+#: wgmma_ws 432.4). bf16: wgmma_ws (the fp8 loops' PV is an e4m3 wgmma); wgmma_ws was 1.1x
+#: wgmma, which was 1.3-1.5x mma (changes 1-2).
+DEFAULT_MAINLOOP = {"fp8": "wgmma_seesaw", "bf16": "wgmma_ws"}
 
 #: dtype -> the main loop ``decode_variant`` picks for shapes of at most ``FEW_ROWS`` rows
 #: ((16,1), (32,1), (16,2)) when none is asked for; a dtype missing here uses DEFAULT_MAINLOOP.

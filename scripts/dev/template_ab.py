@@ -1,7 +1,8 @@
 """Same-call A/B of template folders on the device (issue 6 experiments, docs/perf/notes.md).
 
-usage: python3 scripts/dev/template_ab.py OUTDIR NAME=TEMPLATES_DIR [NAME=TEMPLATES_DIR ...]
-  NAME=HEAD (no folder) is the repository's templates/. Every folder's variants for CASES are
+usage: python3 scripts/dev/template_ab.py OUTDIR NAME[:LOOP]=TEMPLATES_DIR [...]
+  NAME= (no folder) is the repository's templates/. NAME:LOOP forces fp8 main loop LOOP in that
+  arm only (so e.g. wgmma_ot and wgmma_seesaw arms interleave in one run). Every folder's variants for CASES are
   built first, one process per folder (AITER_MLA_TEMPLATES_DIR is process-wide), then each case
   is timed under every folder in turn, ROUNDS times (interleaved, so drift shows as a spread),
   by scripts/dev/graph_timing.py (CUDA-graph replay, decode + reduce). Writes OUTDIR/ab.txt.
@@ -33,8 +34,18 @@ def parse_case(name):
     return name, heads, qlen, int(page[0][1:]) if page else 64, {"fp8": FP8, "bf16": BF16}[dt], int(b[1:]), int(c[1:])
 
 
-def use_templates(folder):
-    """Later get_module calls render from ``folder`` (None: the repository's templates/)."""
+_SHIPPED = None
+
+
+def use_templates(folder, loop=None):
+    """Later get_module calls render from ``folder`` (None: the repository's templates/) and,
+    when ``loop`` is given, pick that fp8 main loop (None: the run-wide choice)."""
+    global _SHIPPED
+    if _SHIPPED is None:
+        _SHIPPED = dec.force_mainloop("fp8", dec.DEFAULT_MAINLOOP["fp8"])
+    dec.restore_mainloop("fp8", _SHIPPED)
+    if loop:
+        dec.force_mainloop("fp8", loop)
     if folder:
         os.environ["AITER_MLA_TEMPLATES_DIR"] = folder
     else:
@@ -48,6 +59,7 @@ def main():
     outdir, specs = sys.argv[1], sys.argv[2:]
     os.makedirs(outdir, exist_ok=True)
     arms = [(s.partition("=")[0], s.partition("=")[2] or None) for s in specs]
+    loops = {n: n.partition(":")[2] or None for n, _ in arms}
     cases = [parse_case(n) for n in os.environ.get("CASES", DEFAULT_CASES).split(";")]
     rounds = int(os.environ.get("ROUNDS", "2"))
     if os.environ.get("TEMPLATE_AB_BUILD_ONLY"):
@@ -67,6 +79,8 @@ def main():
     procs = []
     for name, folder in arms:
         env = dict(os.environ, TEMPLATE_AB_BUILD_ONLY="1")
+        if loops[name]:
+            env["LOOP"] = loops[name]
         env.pop("AITER_MLA_TEMPLATES_DIR", None)
         if folder:
             env["AITER_MLA_TEMPLATES_DIR"] = folder
@@ -82,7 +96,7 @@ def main():
         outs = {}
         for _r in range(rounds):
             for name, folder in arms:
-                use_templates(folder)
+                use_templates(folder, loops[name])
                 bufs = T.plan(c)
                 t, o = time_case(c, bufs, h)
                 times[name].append(t)
