@@ -127,23 +127,19 @@ __device__ __forceinline__ void pv_tile(float (&o)[C::kOTiles][4], uint32_t (&a)
   ot::pv_issue<C>(o, a, smem, buf);
 }
 
-// One pair (tile a at tok_a; tile b exists when has_b): warpgroup `half` scores tile a (half 0)
-// or b (half 1), the schedule in the header. Both add PV_a then PV_b into their O^T columns.
+// One pair (tile a at tok_a, tile b after it): warpgroup `half` scores tile a (half 0) or b
+// (half 1), the schedule in the header. Both add PV_a then PV_b into their O^T columns.
 template <class C>
 __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&a)[C::kMBlocks][C::BN / 32][4],
                                      RowState& st, uint8_t* smem, uint32_t bar_full, uint32_t bar_empty, StageUse su_a,
-                                     StageUse su_b, bool has_b, int tok_a, int valid_a, int valid_b, float scale_log2,
-                                     int half, int group, int lane) {
+                                     StageUse su_b, int tok_a, int valid_a, int valid_b, float scale_log2, int half,
+                                     int group, int lane) {
   const int r0 = group * 16 + (lane >> 2);
-  const bool mine = half == 0 || has_b;
   const int tok = tok_a + half * C::BN;
   float s[C::kSTiles][4];
-  float mx[2] = {-INFINITY, -INFINITY};
-  float sc = 1.f;
-  if (mine) {
-    qk_tile<C>(s, smem, bar_full, half == 0 ? su_a : su_b);
-    sc = masked_quad_max<C>(s, st, tok + (lane & 3) * 2, tok + C::BN, scale_log2, mx);
-  }
+  float mx[2];
+  qk_tile<C>(s, smem, bar_full, half == 0 ? su_a : su_b);
+  const float sc = masked_quad_max<C>(s, st, tok + (lane & 3) * 2, tok + C::BN, scale_log2, mx);
   float ref[2], sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int h = 0; h < 2; ++h) ref[h] = fmaxf(st.m[h], mx[h]);   // m_loc (not yet max_ref'd)
@@ -151,15 +147,13 @@ __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&a)[C:
     row_max<C>(smem, half)[r0] = ref[0];
     row_max<C>(smem, half)[r0 + 8] = ref[1];
   }
-  if (mine) {
 #pragma unroll
-    for (int j = 0; j < C::kSTiles; ++j)
+  for (int j = 0; j < C::kSTiles; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = fast_exp2(fmaf(s[j][e], sc, -max_ref(ref[e >> 1])));
-        sum[e >> 1] += s[j][e];
-      }
-  }
+    for (int e = 0; e < 4; ++e) {
+      s[j][e] = fast_exp2(fmaf(s[j][e], sc, -max_ref(ref[e >> 1])));
+      sum[e >> 1] += s[j][e];
+    }
   wg::consumer_sync();       // both warpgroups' local maxima
   float g[2];
 #pragma unroll
@@ -172,7 +166,7 @@ __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&a)[C:
     st.m[h] = m_new;
     if (half == 0 && (lane & 3) == 0) row_factor<C>(smem, 0)[r0 + 8 * h] = f_o;
   }
-  if (mine) {
+  {
     uint8_t* p = smem + C::kOffP + half * C::kPBytes + ot::p_row(r0, (lane & 3) * 2);
 #pragma unroll
     for (int j = 0; j < C::kSTiles; ++j) {
@@ -184,10 +178,45 @@ __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&a)[C:
   wg::consumer_sync();       // P_a, P_b and O's factors written
   pv_tile<C>(o, a, smem, bar_full, bar_empty, su_a, 0, half, group, lane, valid_a, true);
   pv_wait<C>(o, a);
-  if (has_b) {
-    pv_tile<C>(o, a, smem, bar_full, bar_empty, su_b, 1, half, group, lane, valid_b, false);
-    pv_wait<C>(o, a);
+  pv_tile<C>(o, a, smem, bar_full, bar_empty, su_b, 1, half, group, lane, valid_b, false);
+  pv_wait<C>(o, a);
+}
+
+// wgmma_ot's view of the seesaw tile: the same shared-memory layout, S at N = BN / 2 per
+// warpgroup (each scores half of a tile's keys).
+template <class C>
+struct OtTile : C {
+  static constexpr int kSTiles = C::BN / 16;
+};
+
+// A work's last tile when its tile count is odd, as wgmma_ot runs a tile: each warpgroup scores
+// half of its keys, the maxima meet through ot::softmax_p, and both add the tile into their O^T
+// columns. (A pair with one tile would leave warpgroup 1 idle through QK and softmax: 1-tile
+// works ran 7% slower than wgmma_ot.) P and O^T's factors go to buffer 1; the barrier first
+// makes sure both warpgroups' PV of the work's last pair, which read P buffers 0 and 1, are done.
+template <class C>
+__device__ __forceinline__ void single(float (&o)[C::kOTiles][4], uint32_t (&a)[C::kMBlocks][C::BN / 32][4],
+                                       RowState& st, uint8_t* smem, uint32_t bar_full, uint32_t bar_empty,
+                                       StageUse su, int tok, int valid, float scale_log2, int half, int group,
+                                       int lane) {
+  using V = OtTile<C>;
+  float s[V::kSTiles][4];
+  wg::mbar_wait(bar_full + su.stage * 8, su.parity);
+  {
+    wg::QkAcc<V> qk_acc;
+    wg::qk_begin<V>(qk_acc, smem, su.stage, half);
+    wg::qk_finish<V>(s, qk_acc, smem, su.stage, half);
   }
+  wg::fence_operands(o);
+  ot::load_vt_frags<V>(a, smem, su.stage, half, group, lane, valid);
+  wg::mbar_arrive(bar_empty + su.stage * 8);
+  wg::consumer_sync();       // the last pair's PV_a and PV_b are done in both warpgroups
+  ot::softmax_p<V>(s, st, smem, 1, tok, scale_log2, group, half, lane);
+  wg::fence_proxy_async();   // P -> the PV wgmma's B operand
+  wg::consumer_sync();       // P and the factors of all rows written
+  ot::rescale_ot<V>(o, smem, 1, lane);
+  ot::pv_issue<V>(o, a, smem, 1);
+  pv_wait<V>(o, a);
 }
 
 }  // namespace seesaw
