@@ -216,6 +216,23 @@ def private_cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def cuobjdump() -> str:
+    """Path of cuobjdump (PATH, else the nvidia-cuda-cuobjdump wheel); skips the test, with the
+    reason, when there is none."""
+    exe = shutil.which("cuobjdump")
+    if exe:
+        return exe
+    try:
+        import nvidia
+        for root in nvidia.__path__:
+            for cand in Path(root).glob("cu*/bin/cuobjdump"):
+                return str(cand)
+    except ImportError:
+        pass
+    pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+
+
+@pytest.fixture
 def fake_jit(tmp_path, monkeypatch, fake_lib, jit_clean) -> FakeJit:
     """An isolated JIT with a fake nvcc: set in this process (monkeypatch) and in ``.env``."""
     templates = tmp_path / "templates"

@@ -27,6 +27,21 @@ def test_repository_config_is_valid():
             m.check_params(v)
 
 
+def test_decode_default_variants_are_what_the_op_picks():
+    """``jit build --all`` pre-builds the decode variants that ``mla_decode_fwd`` picks for the
+    main shapes at page 64 (128 / 64 / 16 heads, fp8 and bf16), so a change of
+    ``decode.DEFAULT_MAINLOOP`` must come with jit_config.json's default_variants."""
+    import torch
+
+    from aiter_mla.ops import decode
+
+    defaults = [dict(v) for v in load_config(paths.JIT_CONFIG_PATH).modules["mla_decode"].default_variants]
+    for heads in (128, 64, 16):
+        for dt in (torch.float8_e4m3fn, torch.bfloat16):
+            v = decode.decode_variant(heads, 1, 64, dt, dt)
+            assert v in defaults, f"({heads},1) {dt}: {v} is not in jit_config.json's default_variants"
+
+
 def _bad(mutate):
     raw = real_raw()
     mutate(raw)

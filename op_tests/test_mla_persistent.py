@@ -250,6 +250,38 @@ def check(name, c: Case, o, lse):
 # CPU: variant selection and unsupported shapes
 
 
+#: Per-thread stack (spilled registers) of the default decode variants, measured at 8e59ad6
+#: (cuobjdump -res-usage; docs/perf/notes.md change 18): wgmma_seesaw 72 B, wgmma_dual 152 B,
+#: wgmma_ws none. The bounds leave a little room and catch a loop that starts spilling more.
+DEFAULT_VARIANT_STACK_BOUND = {"wgmma_seesaw": 96, "wgmma_dual": 160, "wgmma_ws": 0}
+
+
+@pytest.mark.parametrize("heads,dtype", [(128, "fp8"), (64, "fp8"), (16, "fp8"), (128, "bf16"), (64, "bf16")])
+def test_default_decode_variant_builds_with_wgmma(private_cache, cuobjdump, heads, dtype):
+    """A real nvcc build (no GPU needed) of the decode variant ``mla_decode_fwd`` picks at
+    (heads, 1), page 64: its SASS holds the warpgroup MMAs (QGMMA for fp8, HGMMA for bf16) and
+    its per-thread stack stays within DEFAULT_VARIANT_STACK_BOUND."""
+    import re
+    import shutil
+    import subprocess
+
+    from aiter_mla.jit import get_module
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    v = dec.decode_variant(heads, 1, 64, DTYPES[dtype], DTYPES[dtype])
+    lib = str(get_module("mla_decode", **v).lib_path)
+    sass = subprocess.run([cuobjdump, "-sass", lib], capture_output=True, text=True, check=True).stdout
+    mma = "QGMMA" if dtype == "fp8" else "HGMMA"
+    assert mma in sass, f"{v}: no {mma} in the SASS"
+    res = subprocess.run([cuobjdump, "-res-usage", lib], capture_output=True, text=True, check=True).stdout
+    stacks = [int(m) for m in re.findall(r"STACK:(\d+)", res)]
+    assert stacks, res
+    bound = DEFAULT_VARIANT_STACK_BOUND[v["mainloop"]]
+    assert max(stacks) <= bound, f"{v}: stack {max(stacks)} B > {bound} B (spills grew)"
+    assert "LOCAL:0" in res, res
+
+
 def test_force_and_restore_mainloop():
     """force_mainloop sets the loop picked with none asked for (a DUAL_LOOPS loop on the <= 32-row
     shapes only); restore_mainloop undoes it and refuses anything but what force returned."""

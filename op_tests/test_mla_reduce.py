@@ -13,7 +13,6 @@ import math
 import random
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -365,27 +364,11 @@ def test_public_names():
 # build (no GPU needed)
 
 
-def _cuobjdump():
-    exe = shutil.which("cuobjdump")
-    if exe:
-        return exe
-    try:
-        import nvidia
-        for root in nvidia.__path__:
-            for cand in Path(root).glob("cu*/bin/cuobjdump"):
-                return str(cand)
-    except ImportError:
-        pass
-    return None
-
-
-def test_reduce_module_builds_without_spills(private_cache):
+def test_reduce_module_builds_without_spills(private_cache, cuobjdump):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
     mod = get_module("mla_reduce", arch="sm_90a", out_dtype="bf16")
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    tool = cuobjdump
     lib = getattr(mod, "lib_path", None)
     if lib is None:
         pytest.skip("the loaded module does not expose lib_path")
