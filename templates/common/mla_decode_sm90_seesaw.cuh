@@ -18,11 +18,13 @@
 // warpgroups meet twice a pair (wgmma_ot: twice a tile). p = 1 stays exact in the tile that
 // holds M. Numerics: every p is taken against the pair's max, not the running max at its own
 // tile as in wgmma_ot, so one tile of each pair is rounded against its partner's max; results
-// move with the schedule's split points by ~1.4x wgmma_ot's e4m3 rounding noise, at the same
-// error against float64 (docs/perf/notes.md, issue 6 change 18;
-// scripts/dev/pair_rounding_model.py). O^T, P, V^T fragments and the epilogue are wgmma_ot's
+// move with the schedule's split points by 1.4-1.7x wgmma_ot's e4m3 rounding noise, at the same
+// error against float64 (a float64 model's figures: scripts/dev/pair_rounding_model.py;
+// docs/perf/notes.md, issue 6 change 18). A work's odd last tile runs as wgmma_ot runs a tile
+// (`single`, below). O^T, P, V^T fragments and the epilogue are wgmma_ot's
 // (mla_decode_sm90_ot.cuh); warpgroup c still owns V columns [256c, 256c + 256). Every wgmma
-// is waited inside the pair: none is in flight across the loop's back edge (ptxas C7514).
+// is waited inside `pair` (and `single`): none is in flight across the loop's back edge (ptxas
+// C7514).
 #pragma once
 #include "mla_decode_sm90_ot.cuh"
 
