@@ -76,10 +76,10 @@ BLOCK_N = {"fp8": 64, "bf16": 32}
 #: roles with softmax(t) overlapping PV(t-1), PV in e4m3 with P rounded to fp8 as AITER does,
 #: on a V^T tile the spare producer warps transpose) and "wgmma_ot" (fp8 only: PV computed
 #: transposed, O^T = V^T P^T, with V^T built in registers from the KV tile: no transpose pass;
-#: 4 KV stages) and "wgmma_seesaw" (fp8 only: wgmma_ot's transposed PV with the two consumer
-#: warpgroups scoring alternate tiles at N = 64, FlashMLA's seesaw: one warpgroup's softmax runs
-#: under the other's PV; since change 18 both warpgroups score their tile at once and exchange
-#: only the row maxima; the fp8 default) and "wgmma_rs" (fp8 only: the warpgroups split the
+#: 4 KV stages) and "wgmma_seesaw" (fp8 only, the fp8 default: wgmma_ot's transposed PV with
+#: tiles in pairs, each consumer warpgroup scoring one tile of a pair at N = 64 against its own
+#: max; only the row maxima are exchanged and O^T is rescaled once a pair; an odd last tile
+#: runs as wgmma_ot runs a tile) and "wgmma_rs" (fp8 only: the warpgroups split the
 #: CTA's rows, 32 each, and run QK and PV transposed with the rows as N, meeting only at the KV stages; measured
 #: 1.05-1.08x wgmma_ot where one warpgroup holds every real row ((16,1), (32,1), batch >= 128),
 #: 1.25x slower at (128,1)) and "wgmma_dual" (fp8 only, shapes of <= 32 rows, ``FEW_ROWS``:
