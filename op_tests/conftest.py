@@ -215,21 +215,41 @@ def private_cache(tmp_path, monkeypatch):
     core.reset_state()
 
 
-@pytest.fixture
-def cuobjdump() -> str:
-    """Path of cuobjdump (PATH, else the nvidia-cuda-cuobjdump wheel); skips the test, with the
-    reason, when there is none."""
-    exe = shutil.which("cuobjdump")
+def _cuda_binary_tool(name: str) -> str | None:
+    """``name`` on PATH, else from the nvidia-cuda-* wheels (nvidia/cu*/bin)."""
+    exe = shutil.which(name)
     if exe:
         return exe
     try:
         import nvidia
         for root in nvidia.__path__:
-            for cand in Path(root).glob("cu*/bin/cuobjdump"):
+            for cand in Path(root).glob(f"cu*/bin/{name}"):
                 return str(cand)
     except ImportError:
         pass
-    pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    return None
+
+
+@pytest.fixture
+def cuobjdump() -> str:
+    """Path of cuobjdump (PATH, else the nvidia-cuda-cuobjdump wheel); skips the test, with the
+    reason, when there is none."""
+    exe = _cuda_binary_tool("cuobjdump")
+    if exe is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm, "
+                    "part of the test extra)")
+    return exe
+
+
+@pytest.fixture
+def cuobjdump_sass(cuobjdump) -> str:
+    """cuobjdump for ``-sass``, which also needs nvdisasm (beside it or on PATH); skips, with
+    the reason, without it."""
+    beside = Path(cuobjdump).with_name("nvdisasm")
+    if not beside.exists() and shutil.which("nvdisasm") is None:
+        pytest.skip("nvdisasm not found: cuobjdump -sass needs it (pip install nvidia-cuda-nvdisasm, "
+                    "part of the test extra)")
+    return cuobjdump
 
 
 @pytest.fixture

@@ -60,6 +60,23 @@ def test_gfx942_compile_check_with_clang19(real_jit, monkeypatch):
         core.get_module("convert_fp8", arch="gfx942", out_dtype="bf16")
 
 
+@pytest.mark.skipif(not HAS_CLANG19, reason="clang-19 not installed (apt-get install clang-19 "
+                                            "lld-19): the gfx942 compile check is skipped")
+def test_every_gfx942_module_compiles_with_clang19(real_jit, monkeypatch):
+    """Every module whose jit_config allows gfx942 (what ``jit build --all --arch gfx942``
+    builds) compiles to a gfx942 code object: mla_metadata's __syncthreads_count once failed
+    in the clang-19 mode, which the convert_fp8 check above did not reach."""
+    monkeypatch.setenv("ROCM_PATH", str(real_jit / "no-rocm"))
+    if Path("/opt/rocm/bin/hipcc").exists() or shutil.which("hipcc"):
+        pytest.skip("ROCm is installed: gfx942 builds a loadable module with hipcc instead")
+    variants = core.build_all(arch="gfx942")
+    assert {name for name, _ in variants} >= {"convert_fp8", "mla_metadata", "mla_reduce"}, variants
+    for name, params in variants:
+        r = core.build_variant(name, **params)
+        head = r.entry.artifact.read_bytes()[:64]
+        assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 224, (name, params)
+
+
 @pytest.mark.skipif(not HAS_CLANG19, reason="clang-19 not installed")
 def test_gfx950_needs_newer_toolchain_says_so(real_jit, monkeypatch):
     monkeypatch.setenv("ROCM_PATH", str(real_jit / "no-rocm"))
@@ -190,3 +207,19 @@ def test_python_is_not_in_the_key_of_a_c_abi_library(fake_jit):
     _, manifest = core.variant_key("fake", arch="sm_90a", n=1, flavor="a")
     text = str(manifest)
     assert sys.version.split()[0] not in text and "torch" not in text
+
+
+def test_compiler_temp_files_stay_in_staging_and_go(tmp_path):
+    """The compiler's TMPDIR is the staging folder's tmp/, removed when it ends (an interrupted
+    nvcc, killed, leaves its tmpxft_* files behind: they must not pile up in /tmp)."""
+    from aiter_mla.jit.toolchain import run_compiler
+
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    cmd = ["sh", "-c", 'echo "tmp=$TMPDIR"; touch "$TMPDIR/tmpxft_leftover"; exit 3']
+    rc, out = run_compiler(cmd, staging, staging / "build.log")
+    assert rc == 3
+    assert f"tmp={staging / 'tmp'}" in out
+    assert not (staging / "tmp").exists()
+    assert (staging / "build.log").read_text().startswith("$ sh -c")
+

@@ -257,7 +257,7 @@ DEFAULT_VARIANT_STACK_BOUND = {"wgmma_seesaw": 96, "wgmma_dual": 160, "wgmma_ws"
 
 
 @pytest.mark.parametrize("heads,dtype", [(128, "fp8"), (64, "fp8"), (16, "fp8"), (128, "bf16"), (64, "bf16")])
-def test_default_decode_variant_builds_with_wgmma(private_cache, cuobjdump, heads, dtype):
+def test_default_decode_variant_builds_with_wgmma(private_cache, cuobjdump_sass, heads, dtype):
     """A real nvcc build (no GPU needed) of the decode variant ``mla_decode_fwd`` picks at
     (heads, 1), page 64: its SASS holds the warpgroup MMAs (QGMMA for fp8, HGMMA for bf16) and
     its per-thread stack stays within DEFAULT_VARIANT_STACK_BOUND."""
@@ -271,6 +271,7 @@ def test_default_decode_variant_builds_with_wgmma(private_cache, cuobjdump, head
         pytest.skip("nvcc is not on PATH")
     v = dec.decode_variant(heads, 1, 64, DTYPES[dtype], DTYPES[dtype])
     lib = str(get_module("mla_decode", **v).lib_path)
+    cuobjdump = cuobjdump_sass
     sass = subprocess.run([cuobjdump, "-sass", lib], capture_output=True, text=True, check=True).stdout
     mma = "QGMMA" if dtype == "fp8" else "HGMMA"
     assert mma in sass, f"{v}: no {mma} in the SASS"

@@ -283,29 +283,39 @@ def compiler_version(path: str, identity_dir: Path | None) -> str:
 
 
 def run_compiler(command: list[str], cwd: Path, log_path: Path) -> tuple[int, str]:
-    """Run a build; write its command and output to ``log_path``; return (exit status, output)."""
+    """Run a build; write its command and output to ``log_path``; return (exit status, output).
+
+    The compiler's temporary files (TMPDIR, TMP, TEMP) go to ``cwd/tmp``, removed when it ends:
+    nvcc cannot clean up its tmpxft_* files when an interrupted build is killed."""
+    import shutil
     import subprocess
 
     if env.get_flag("AITER_MLA_VERBOSE"):
         print("aiter_mla: " + shlex.join(command), file=sys.stderr)
+    tmp = Path(cwd) / "tmp"
+    tmp.mkdir(exist_ok=True)
+    child_env = env.child_environ(TMPDIR=str(tmp), TMP=str(tmp), TEMP=str(tmp))
     try:
-        # Its own process group, so an interrupted build (Ctrl-C, SIGTERM from a batch
-        # scheduler or `timeout`) takes nvcc's children (cicc, ptxas) down with it.
-        proc = subprocess.Popen(command, cwd=str(cwd), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=env.child_environ(),
-                                start_new_session=True)
-    except OSError as exc:
-        rc, out = 127, f"could not start {command[0]}: {exc}"
-    else:
-        _running.add(proc)
         try:
-            out, _ = proc.communicate()
-        except BaseException:
-            _kill_group(proc)
-            raise
-        finally:
-            _running.discard(proc)
-        rc = proc.returncode
+            # Its own process group, so an interrupted build (Ctrl-C, SIGTERM from a batch
+            # scheduler or `timeout`) takes nvcc's children (cicc, ptxas) down with it.
+            proc = subprocess.Popen(command, cwd=str(cwd), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, env=child_env,
+                                    start_new_session=True)
+        except OSError as exc:
+            rc, out = 127, f"could not start {command[0]}: {exc}"
+        else:
+            _running.add(proc)
+            try:
+                out, _ = proc.communicate()
+            except BaseException:
+                _kill_group(proc)
+                raise
+            finally:
+                _running.discard(proc)
+            rc = proc.returncode
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     log_path.write_text("$ " + shlex.join(command) + "\n" + out)
     return rc, out
 

@@ -89,6 +89,18 @@ __device__ __forceinline__ void __syncthreads() {
   __builtin_amdgcn_s_barrier();
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
+// HIP's __syncthreads_count (a workgroup reduction in the device libraries, which this mode does
+// not link): a barrier that returns how many threads passed a non-zero predicate, counted in
+// one shared int. The first barrier keeps a reset from racing the previous call's reads.
+__device__ __forceinline__ int __syncthreads_count(int predicate) {
+  __shared__ int aiter_mla_sync_count;
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) aiter_mla_sync_count = 0;
+  __syncthreads();
+  if (predicate) __hip_atomic_fetch_add(&aiter_mla_sync_count, 1, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
+  __syncthreads();
+  return aiter_mla_sync_count;
+}
 __device__ __forceinline__ void __threadfence() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
 __device__ __forceinline__ void __threadfence_block() {
   __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "workgroup");
