@@ -83,9 +83,31 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     except Exception as exc:  # every failure exits non-zero with a one-line reason
         reason = str(exc) or type(exc).__name__ + (" (out of memory)" if isinstance(exc, MemoryError) else "")
+        reason += _cache_root_hint(exc)
         print(f"aiter-mla {args.command}: error: {reason}", file=sys.stderr)
         return 1
     return int(rc or 0)
+
+
+def _cache_root_hint(exc: BaseException) -> str:
+    """For an OS error on a path inside the JIT cache root (e.g. AITER_MLA_CACHE_DIR names a
+    file), the variable that chose that root; else ""."""
+    filename = getattr(exc, "filename", None) if isinstance(exc, OSError) else None
+    if not filename:
+        return ""
+    from pathlib import Path
+
+    from . import env
+    from .jit.cache import default_root
+
+    explicit = env.get("AITER_MLA_CACHE_DIR")
+    root = Path(explicit) if explicit else default_root()
+    try:
+        Path(filename).absolute().relative_to(root.absolute())
+    except ValueError:
+        return ""
+    how = f"AITER_MLA_CACHE_DIR={explicit}" if explicit else "the default cache root"
+    return f" (a path in the JIT cache root {root}, {how}: it must be a writable folder)"
 
 
 if __name__ == "__main__":

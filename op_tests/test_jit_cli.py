@@ -186,6 +186,19 @@ def test_malformed_disable_jit_fails_every_command(fake_jit, monkeypatch, capsys
         core.variant_key("fake", arch="sm_90a", n=1, flavor="a")
 
 
+def test_cache_dir_that_is_a_file_is_named(fake_jit, monkeypatch, capsys, tmp_path):
+    """AITER_MLA_CACHE_DIR naming a file: list and info fail with the OS error and the variable
+    that chose the root (they printed only "[Errno 20] Not a directory")."""
+    a_file = tmp_path / "not_a_dir"
+    a_file.write_text("x")
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(a_file))
+    core.reset_state()
+    for argv in (["jit", "list"], ["info"]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert "Not a directory" in err and f"AITER_MLA_CACHE_DIR={a_file}" in err, err
+
+
 def test_closed_pipe_stops_quietly(fake_jit):
     """`aiter-mla metadata ... | head -1`: the reader leaving is not an error message (141 =
     128 + SIGPIPE, what a tool killed by the signal reports)."""

@@ -143,7 +143,9 @@ def render(qo, kv, tokens, s, *, show_works: bool = False) -> str:
         notes.append("the payload is only a few overheads: the per-piece overhead dominates; "
                      "fewer clusters or more KV per batch balance better")
     if busy and len(busy) < C:
-        notes.append(f"{C - len(busy)} clusters get no work (too little KV to spread)")
+        why = ("no batch is split: splitting one costs a reduce" if not split
+               else "too little KV to spread")
+        notes.append(f"{C - len(busy)} clusters get no work ({why})")
     if busy and max(loads) > 1.25 * (sum(loads) / len(busy)):
         notes.append("uneven loads: the busiest cluster sets the decode time; a smaller "
                      "kv_granularity gives finer cuts")
