@@ -40,6 +40,18 @@ def test_key_is_sha256_of_the_stored_manifest(fake_jit):
     assert "fake" not in str(r.entry.path.relative_to(fake_jit.root))
 
 
+def test_missing_template_fails_before_the_folder_is_hashed(fake_jit, monkeypatch):
+    """A templates folder without the module's template is refused before tree_digest reads
+    the folder (AITER_MLA_TEMPLATES_DIR=/tmp hashed all of /tmp first: minutes)."""
+    from aiter_mla.jit.render import RenderError
+
+    (fake_jit.templates / "fake.cu.j2").unlink()
+    monkeypatch.setattr(keymod, "tree_digest", lambda *a, **kw: pytest.fail("folder hashed"))
+    core.reset_state()
+    with pytest.raises(RenderError, match="fake.cu.j2 does not exist"):
+        core.variant_key("fake", **P)
+
+
 def test_param_order_and_repeat_do_not_matter(fake_jit):
     assert k(arch="sm_90a", n=1, flavor="a") == k(flavor="a", n=1, arch="sm_90a")
 
