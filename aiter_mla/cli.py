@@ -90,24 +90,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _cache_root_hint(exc: BaseException) -> str:
-    """For an OS error on a path inside the JIT cache root (e.g. AITER_MLA_CACHE_DIR names a
-    file), the variable that chose that root; else ""."""
+    """For an OS error on a path inside a JIT cache root (e.g. AITER_MLA_CACHE_DIR names a
+    file), where that root came from; else ""."""
     filename = getattr(exc, "filename", None) if isinstance(exc, OSError) else None
     if not filename:
         return ""
     from pathlib import Path
 
-    from . import env
-    from .jit.cache import default_root
+    from .jit import core
 
-    explicit = env.get("AITER_MLA_CACHE_DIR")
-    root = Path(explicit) if explicit else default_root()
-    try:
-        Path(filename).absolute().relative_to(root.absolute())
-    except ValueError:
-        return ""
-    how = f"AITER_MLA_CACHE_DIR={explicit}" if explicit else "the default cache root"
-    return f" (a path in the JIT cache root {root}, {how}: it must be a writable folder)"
+    for cache in core._get_state().caches:
+        if Path(filename).absolute().is_relative_to(cache.root):
+            how = f"AITER_MLA_CACHE_DIR={cache.root}" if cache.explicit else "the default cache root"
+            return f" (a path in the JIT cache root {cache.root}, {how}: it must be a writable folder)"
+    return ""
 
 
 if __name__ == "__main__":

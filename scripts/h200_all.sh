@@ -2,9 +2,8 @@
 # The session's closing device call: the tests, optionally the JIT and metadata figures, then the
 # bench sweeps. Usage: bash scripts/h200_all.sh COMMIT. Logs and results go into $OUT/all.tgz.
 #   The default loops' persistent tests run in full (wgmma_seesaw for fp8, wgmma_dual for fp8
-#                at <= 32 rows, wgmma_ws for bf16); the other loops (mma, wgmma, wgmma_ovl,
-#                wgmma_ot, wgmma_rs) run a subset
-#                (shapes, ragged q, manual splits, mixed empty) after the bench.
+#   at <= 32 rows, wgmma_ws for bf16); the other loops (mma, wgmma, wgmma_ovl, wgmma_ot,
+#   wgmma_rs) run a subset (shapes, ragged q, manual splits, mixed empty) after the bench.
 #   FIGURES=1    also re-measure the metadata and JIT figures (unchanged kernels: skip to save
 #                device time).
 set -uo pipefail

@@ -161,11 +161,9 @@ def _plan(name: str, params: dict) -> _Plan:
     flags = [*cfg.toolchains[compiler.kind], *mcfg.flags[compiler.kind],
              *compiler.arch_flags(arch), *compiler.env_flags()]
     tdir = templates_dir()
-    if not (tdir / mcfg.template).is_file():   # before hashing the folder: it may be large
-        from .render import RenderError
+    from .render import template_file
 
-        raise RenderError(f"module {name!r}: template {tdir / mcfg.template} does not exist "
-                          f"(set AITER_MLA_TEMPLATES_DIR, or add the file)")
+    template_file(mcfg, tdir)   # a missing template fails before the folder is hashed
     include_dirs = [tdir]
     tp = {}
     for tp_name in mcfg.third_party:

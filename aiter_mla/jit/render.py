@@ -51,6 +51,16 @@ def template_globals() -> dict[str, int]:
     return consts
 
 
+def template_file(module: ModuleConfig, tdir: Path) -> Path:
+    """``module``'s template under ``tdir``; raises :class:`RenderError` naming it when it does
+    not exist."""
+    path = tdir / module.template
+    if not path.is_file():
+        raise RenderError(f"module {module.name!r}: template {path} does not exist "
+                          f"(set AITER_MLA_TEMPLATES_DIR, or add the file)")
+    return path
+
+
 def _environment(tdir: Path):
     import jinja2  # only the cold path renders; a warm hit never imports Jinja
 
@@ -77,14 +87,8 @@ def render(module: ModuleConfig, params: dict[str, Any], tdir: Path) -> Rendered
     """
     import jinja2
 
-    template_path = tdir / module.template
-    try:
-        template_bytes = template_path.read_bytes()
-    except FileNotFoundError:
-        raise RenderError(
-            f"module {module.name!r}: template {template_path} does not exist "
-            f"(set AITER_MLA_TEMPLATES_DIR, or add the file)"
-        ) from None
+    template_path = template_file(module, tdir)
+    template_bytes = template_path.read_bytes()
     context = {"module": module.name,
                "arch_family": "nvidia" if params["arch"] in NVIDIA_ARCHS else "amd",
                **params}

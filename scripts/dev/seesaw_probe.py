@@ -4,8 +4,8 @@ usage: python3 scripts/dev/seesaw_probe.py OUT_DIR [chunk6] [qk2set]
   chunk6: QK promotion every 6 k-steps instead of 3 (timing experiment).
   qk2set: the seesaw QK on wgmma_ot's two alternating accumulator sets (pipelined; spills).
 (Its former "probe" option, a clock() probe of CTA (0, 0) read by seesaw_phase.py, was removed
-in change 17: scripts/dev/seesaw_phase2.py measures the same phases with shared-memory
-counters, docs/perf/notes.md.)
+in change 17 for scripts/dev/seesaw_phase2.py, shared-memory counters on the roles A / B loop;
+that one was removed in change 18 with the loop it instrumented: git show 93369de:scripts/dev/seesaw_phase2.py.)
 """
 import os
 import shutil
