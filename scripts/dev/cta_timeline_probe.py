@@ -47,14 +47,6 @@ def build(dst):
     patch_decode_template(dst, edits, EXPORT)
 
 
-def cases():
-    spec = os.environ.get("CASES", "fp8:128:1:64:3200,fp8:128:1:64:8192,bf16:128:1:64:3200,bf16:128:1:64:8192,"
-                                   "fp8:128:1:64:640,bf16:128:1:64:640")
-    for item in spec.split(","):
-        dt, h, q, b, ctx = item.split(":")
-        yield dt, int(h), int(q), int(b), int(ctx)
-
-
 def run(outdir):
     import ctypes
     import statistics
@@ -62,20 +54,16 @@ def run(outdir):
     import torch
     sys.path.insert(0, os.getcwd())
     import op_tests.test_mla_persistent as T
-    from aiter_mla.jit import get_module
-    from aiter_mla.ops import decode as dec
     from graph_timing import split_times
+    from probe_common import equal_length_case, timeline_cases
 
-    dtypes = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}
     rows = []
-    for dt_name, h, q, b, ctx in cases():
-        dt = dtypes[dt_name]
-        c = T.make_case(h, q, 64, dt, [ctx] * b, seed=1, spare_pages=0)
-        bufs = T.plan(c)
+    for dt_name, h, q, b, ctx in timeline_cases("fp8:128:1:64:3200,fp8:128:1:64:8192,bf16:128:1:64:3200,"
+                                                "bf16:128:1:64:8192,fp8:128:1:64:640,bf16:128:1:64:640"):
+        c, bufs, mod = equal_length_case(dt_name, h, q, b, ctx)
         work_indptr, work_info_set = bufs[1], bufs[2]
         o = torch.empty((c.q.shape[0], h, 512), dtype=torch.bfloat16, device="cuda")
         full, dec_only, red_only = split_times(c, bufs, h, q)
-        mod = get_module("mla_decode", **dec.decode_variant(h, q, 64, dt, dt))
         fn = mod.function("aiter_mla_cta_timeline", [ctypes.c_void_p, ctypes.c_int], ctypes.c_int)
         buf = (ctypes.c_ulonglong * (MAX_CTAS * 2))()
         assert fn(buf, 1) == 0

@@ -124,3 +124,23 @@ def read_device_counters(c, bufs, heads, export, ctype, n, calls=1):
     torch.cuda.synchronize()
     assert fn(buf, 0) == 0
     return list(buf)
+
+
+def timeline_cases(default):
+    """(dtype name, heads, qlen, batch, ctx) per item of env CASES, else of ``default``
+    ("fp8:128:1:64:3200,bf16:128:1:64:8192": equal-length batches, page size 64)."""
+    for item in os.environ.get("CASES", default).split(","):
+        dt, h, q, b, ctx = item.split(":")
+        yield dt, int(h), int(q), int(b), int(ctx)
+
+
+def equal_length_case(dt_name, heads, qlen, batch, ctx):
+    """A timeline probe's case: ``batch`` batches of ``ctx`` tokens at page size 64 (seed 1, no
+    spare pages), its ``T.plan`` buffers and the (instrumented) decode module that runs it."""
+    import torch
+    import op_tests.test_mla_persistent as T
+    from aiter_mla.jit import get_module
+    from aiter_mla.ops import decode as dec
+    dt = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}[dt_name]
+    c = T.make_case(heads, qlen, 64, dt, [ctx] * batch, seed=1, spare_pages=0)
+    return c, T.plan(c), get_module("mla_decode", **dec.decode_variant(heads, qlen, 64, dt, dt))

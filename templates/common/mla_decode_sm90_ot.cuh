@@ -137,26 +137,38 @@ __device__ __forceinline__ void softmax_p(float (&s)[C::kSTiles][4], RowState& s
 // O^T columns (query rows) of this thread: 8i + 2 (lane % 4) + {0, 1}, i = 0..7; accumulator
 // element e of tile i is row 8i + 2 (lane % 4) + (e & 1), V column + (e >> 1).
 // O^T accumulators: o[8 mb + i] is n8 tile i of m-block mb (the [32][4] array of the other loops).
+// The factors of this thread's O^T columns from scale[buf]: f[i] for rows 8i + 2 (lane % 4) and
+// + 1. Returns whether any factor of the warp differs from 1 (skipping factors of exactly 1 is
+// exact).
 template <class C>
-__device__ __forceinline__ void rescale_ot(float (&o)[C::kOTiles][4], const uint8_t* smem, int buf, int lane) {
+__device__ __forceinline__ bool load_factors(float2 (&f)[8], const uint8_t* smem, int buf, int lane) {
   const float* scale = reinterpret_cast<const float*>(smem + C::kOffScale) + buf * kRows + 2 * (lane & 3);
-  float2 f[8];
   bool any = false;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     f[i] = *reinterpret_cast<const float2*>(scale + 8 * i);
     any |= f[i].x != 1.f || f[i].y != 1.f;
   }
-  if (__any_sync(0xffffffffu, any)) {   // skipping factors of exactly 1 is exact
+  return __any_sync(0xffffffffu, any);
+}
+
+// O^T's m-block mb (tiles o[8 mb .. 8 mb + 7]) times the factors of its columns.
+__device__ __forceinline__ void scale_mblock(float (&o)[32][4], int mb, const float2 (&f)[8]) {
 #pragma unroll
-    for (int mb = 0; mb < C::kMBlocks; ++mb)
+  for (int i = 0; i < 8; ++i) {
+    o[8 * mb + i][0] *= f[i].x;
+    o[8 * mb + i][2] *= f[i].x;
+    o[8 * mb + i][1] *= f[i].y;
+    o[8 * mb + i][3] *= f[i].y;
+  }
+}
+
+template <class C>
+__device__ __forceinline__ void rescale_ot(float (&o)[C::kOTiles][4], const uint8_t* smem, int buf, int lane) {
+  float2 f[8];
+  if (load_factors<C>(f, smem, buf, lane)) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        o[8 * mb + i][0] *= f[i].x;
-        o[8 * mb + i][2] *= f[i].x;
-        o[8 * mb + i][1] *= f[i].y;
-        o[8 * mb + i][3] *= f[i].y;
-      }
+    for (int mb = 0; mb < C::kMBlocks; ++mb) scale_mblock(o, mb, f);
   }
 }
 

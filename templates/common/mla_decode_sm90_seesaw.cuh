@@ -15,7 +15,8 @@
 //   O_L *= 2^(m - M); O_L += V_a,L^T P_a^T     O_R *= 2^(m - M); O_R += V_a,R^T P_a^T
 //   O_L += V_b,L^T P_b^T                       O_R += V_b,R^T P_b^T
 // Both softmaxes run at once and O^T is rescaled once a pair (wgmma_ot: once a tile); the
-// warpgroups meet twice a pair (wgmma_ot: twice a tile). p = 1 stays exact in the tile that
+// warpgroups meet twice a pair (wgmma_ot: twice a tile). PV_a and PV_b go out as one commit
+// group, the rescale of each O^T m-block just before its four wgmmas (pv_pair). p = 1 stays exact in the tile that
 // holds M. Numerics: every p is taken against the pair's max, not the running max at its own
 // tile as in wgmma_ot, so one tile of each pair is rounded against its partner's max; results
 // move with the schedule's split points by 1.4-1.7x wgmma_ot's e4m3 rounding noise, at the same
@@ -115,27 +116,56 @@ __device__ __forceinline__ void qk_tile(float (&s)[C::kSTiles][4], const uint8_t
   wg::fence_operands(s);
 }
 
-// O^T += V^T(stage) . P^T(buf), after O^T *= row_factor(0) when `rescale`; the stage is
-// released once the V^T fragments are in registers (they stay live until pv_wait).
+// O^T[m-block MB] *= f (when `rescale`), then its four PV wgmmas: V_a^T . P_a^T and V_b^T . P_b^T
+// (P buffers 0 and 1). The next m-block's multiplies touch other registers, so they run while
+// this block's wgmmas compute (a wgmma.fence orders them before the next issue).
+template <class C, int MB>
+__device__ __forceinline__ void pv_pair_blocks(float (&o)[C::kOTiles][4], const uint32_t (&fa)[C::kMBlocks][C::BN / 32][4],
+                                               const uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], const float2 (&f)[8],
+                                               bool rescale, uint32_t p_a, uint32_t p_b) {
+  if constexpr (MB < C::kMBlocks) {
+    if (rescale) ot::scale_mblock(o, MB, f);
+    wg::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::BN / 32; ++kk) ot::wgmma_pv_t<MB>(o, fa[MB][kk], wg::make_desc(p_a + kk * 256, 128, 512));
+#pragma unroll
+    for (int kk = 0; kk < C::BN / 32; ++kk) ot::wgmma_pv_t<MB>(o, fb[MB][kk], wg::make_desc(p_b + kk * 256, 128, 512));
+    pv_pair_blocks<C, MB + 1>(o, fa, fb, f, rescale, p_a, p_b);
+  }
+}
+
+// PV of both tiles of a pair, issued as one commit group and not waited: the V^T fragments of
+// tiles a and b (both stages released once read), O^T's factors of the pair, then per m-block
+// the rescale and four wgmmas. Both fragment sets stay live until the group is waited (64
+// registers beside O^T's 128; S and the QK accumulators are dead here).
 template <class C>
-__device__ __forceinline__ void pv_tile(float (&o)[C::kOTiles][4], uint32_t (&a)[C::kMBlocks][C::BN / 32][4],
-                                        uint8_t* smem, uint32_t bar_full, uint32_t bar_empty, StageUse su, int buf,
-                                        int half, int group, int lane, int valid, bool rescale) {
-  wg::mbar_wait(bar_full + su.stage * 8, su.parity);
+__device__ __forceinline__ void pv_pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C::kMBlocks][C::BN / 32][4],
+                                        uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], uint8_t* smem, uint32_t bar_full,
+                                        uint32_t bar_empty, StageUse su_a, StageUse su_b, int half, int group,
+                                        int lane, int valid_a, int valid_b) {
+  wg::mbar_wait(bar_full + su_a.stage * 8, su_a.parity);
+  wg::mbar_wait(bar_full + su_b.stage * 8, su_b.parity);
   wg::fence_operands(o);
-  ot::load_vt_frags<C>(a, smem, su.stage, half, group, lane, valid);
-  wg::mbar_arrive(bar_empty + su.stage * 8);
-  if (rescale) ot::rescale_ot<C>(o, smem, 0, lane);
-  ot::pv_issue<C>(o, a, smem, buf);
+  ot::load_vt_frags<C>(fa, smem, su_a.stage, half, group, lane, valid_a);
+  ot::load_vt_frags<C>(fb, smem, su_b.stage, half, group, lane, valid_b);
+  wg::mbar_arrive(bar_empty + su_a.stage * 8);
+  wg::mbar_arrive(bar_empty + su_b.stage * 8);
+  float2 f[8];
+  const bool rescale = ot::load_factors<C>(f, smem, 0, lane);   // row_factor(0) is ot's scale[0]
+  const uint32_t p_a = smem_addr(smem + C::kOffP), p_b = p_a + C::kPBytes;
+  wg::fence_operands(o);
+  pv_pair_blocks<C, 0>(o, fa, fb, f, rescale, p_a, p_b);
+  wg::wgmma_commit();
+  wg::fence_operands(o);
 }
 
 // One pair (tile a at tok_a, tile b after it): warpgroup `half` scores tile a (half 0) or b
-// (half 1), the schedule in the header. Both add PV_a then PV_b into their O^T columns.
+// (half 1), the schedule in the header. Both add PV_a and PV_b into their O^T columns.
 template <class C>
-__device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&a)[C::kMBlocks][C::BN / 32][4],
-                                     RowState& st, uint8_t* smem, uint32_t bar_full, uint32_t bar_empty, StageUse su_a,
-                                     StageUse su_b, int tok_a, int valid_a, int valid_b, float scale_log2, int half,
-                                     int group, int lane) {
+__device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C::kMBlocks][C::BN / 32][4],
+                                     uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], RowState& st, uint8_t* smem,
+                                     uint32_t bar_full, uint32_t bar_empty, StageUse su_a, StageUse su_b, int tok_a,
+                                     int valid_a, int valid_b, float scale_log2, int half, int group, int lane) {
   const int r0 = group * 16 + (lane >> 2);
   const int tok = tok_a + half * C::BN;
   float s[C::kSTiles][4];
@@ -178,10 +208,10 @@ __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&a)[C:
   }
   wg::fence_proxy_async();   // P_a, P_b -> the PV wgmmas' B operand
   wg::consumer_sync();       // P_a, P_b and O's factors written
-  pv_tile<C>(o, a, smem, bar_full, bar_empty, su_a, 0, half, group, lane, valid_a, true);
-  pv_wait<C>(o, a);
-  pv_tile<C>(o, a, smem, bar_full, bar_empty, su_b, 1, half, group, lane, valid_b, false);
-  pv_wait<C>(o, a);
+  pv_pair<C>(o, fa, fb, smem, bar_full, bar_empty, su_a, su_b, half, group, lane, valid_a, valid_b);
+  pv_wait<C>(o, fa);
+#pragma unroll
+  for (int mb = 0; mb < C::kMBlocks; ++mb) wg::fence_operands(fb[mb]);
 }
 
 // wgmma_ot's view of the seesaw tile: the same shared-memory layout, S at N = BN / 2 per

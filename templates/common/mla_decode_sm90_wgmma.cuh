@@ -165,6 +165,13 @@ __device__ __forceinline__ void fence_operands(E (&x)[R][C]) {
 }
 // Barrier of one warpgroup (ids 5, 6; 1..4 are the row-group pairs, 0 is __syncthreads).
 __device__ __forceinline__ void wg_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 5) : "memory"); }
+// Barrier 8, once per CTA: its consumers have issued the copy of their first work's Q (they
+// arrive), and only then does the producer warp issue its first KV copy (it waits; 256 + 32
+// threads). Every CTA starts at once, and a Q copy issued behind the producers' KV stages
+// waited ~3 us to issue and ~3 us more to land (fp8 (128,1) b64: Q landed 8.4 us after the
+// PDL wait, the first KV stage just after; scripts/dev/seesaw_phase_probe.py).
+__device__ __forceinline__ void q_issued_arrive() { asm volatile("bar.arrive 8, 288;\n" ::: "memory"); }
+__device__ __forceinline__ void q_issued_wait() { asm volatile("bar.sync 8, 288;\n" ::: "memory"); }
 
 // S[64 x 32] = (ScaleD ? S : 0) + A[64 x 32 bytes of K] . B[32 keys x 32 bytes of K]^T, both
 // from shared memory.
@@ -420,7 +427,7 @@ template <class C>
 __device__ __forceinline__ void produce_kv_tile_tma(uint32_t stage_addr, uint32_t bar_full, uint32_t bar_empty,
                                                     uint32_t empty_parity, const void* map,
                                                     const int* __restrict__ kv_indices, int tok0, int kv_tok_end,
-                                                    int lane) {
+                                                    int lane, bool wait_q) {
   constexpr int kBlocks = C::kRowBytes / 64;                  // 64-byte column blocks (fp8 9, bf16 18)
   constexpr int kMaxBoxes = (C::BN / C::kTmaRows) * kBlocks;  // <= 144 (bf16, page_size 8)
   const int pages = (min(C::BN, kv_tok_end - tok0) + C::kTmaRows - 1) / C::kTmaRows;
@@ -436,6 +443,7 @@ __device__ __forceinline__ void produce_kv_tile_tma(uint32_t stage_addr, uint32_
     }
   }
   wg::mbar_wait(bar_empty, empty_parity);
+  if (wait_q) q_issued_wait();   // after the page-index loads, whose latency it hides
   if (lane == 0) mbar_arrive_expect_tx(bar_full, boxes * C::kTmaBoxBytes);
   __syncwarp();
 #pragma unroll
