@@ -346,6 +346,27 @@ def test_read_only_default_root_falls_back_with_warning(fake_jit, tmp_path):
     assert list((tmpdir).glob("aiter_mla-*/entries/*/lib.so"))
 
 
+def test_read_only_default_root_refuses_a_shared_fallback(fake_jit, tmp_path):
+    """The per-user fallback under the temp dir has a guessable path: a folder there that others
+    may write to (or that another user owns) is refused, since a lib.so planted in it would be
+    loaded. Before the check, a world-writable /tmp/aiter_mla-<uid> was built in and loaded from."""
+    home = tmp_path / "home"
+    home.mkdir()
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    shared = tmpdir / f"aiter_mla-{os.getuid()}"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    env = {"HOME": str(home), "TMPDIR": str(tmpdir), "XDG_CACHE_HOME": ""}
+    fake_jit.env.pop("AITER_MLA_CACHE_DIR")
+    proc = _readonly_child(fake_jit, [home], CHILD_LOAD.format(n=1), env)
+    assert proc.returncode != 0
+    assert "CacheNotWritableError" in proc.stderr and "not safe" in proc.stderr, proc.stderr
+    assert "group or others may write" in proc.stderr and "AITER_MLA_CACHE_DIR" in proc.stderr
+    assert str(shared) in proc.stderr
+    assert not list(shared.glob("entries/*/lib.so"))
+
+
 def test_cache_not_writable_error_in_process(fake_jit, monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -384,6 +384,29 @@ def test_launch_grid_x():
                 assert dec.launch_grid_x(v, clusters) == want
 
 
+def test_index_check_sees_a_new_tensor_at_a_checked_address():
+    """The index-value check is cached per (pointer, version, size) of the index tensors. A new
+    tensor placed at a checked one's address (as the caching allocator does with a freed block)
+    has the same key; the cache must not vouch for its values. Before the fix the second call
+    returned without looking at kv_indices[2] = 10**6."""
+    import numpy as np
+
+    pages = np.array([0, 1, 2, 3], dtype=np.int32)
+    qo_indptr = torch.tensor([0, 1], dtype=torch.int32)
+    kv_indptr = torch.tensor([0, 4], dtype=torch.int32)
+    last = torch.tensor([64], dtype=torch.int32)
+    work_indptr = torch.zeros(3, dtype=torch.int32)
+    kw = dict(total_q=1, num_pages=8, page_size=64, max_seqlen_q=1, clusters=2)
+    first = torch.from_numpy(pages)
+    dec._check_index_values(qo_indptr, kv_indptr, first, last, work_indptr=work_indptr, **kw)
+    dec._check_index_values(qo_indptr, kv_indptr, first, last, work_indptr=work_indptr, **kw)   # cached
+    pages[2] = 10**6
+    second = torch.from_numpy(pages)
+    assert (second.data_ptr(), second._version, second.numel()) == (first.data_ptr(), first._version, first.numel())
+    with pytest.raises(ValueError, match=r"kv_indices\[2\] = 1000000 is outside \[0, num_pages=8\)"):
+        dec._check_index_values(qo_indptr, kv_indptr, second, last, work_indptr=work_indptr, **kw)
+
+
 def test_public_names():
     assert aiter_mla.mla_decode_fwd is dec.mla_decode_fwd
     assert aiter_mla.hk_mla_decode_fwd is dec.hk_mla_decode_fwd
@@ -792,6 +815,10 @@ def test_input_errors(warm, mainloop):
         call(kv_buffer=c.kv.to(FP8))
     with pytest.raises(NotImplementedError, match="supported"):
         call(max_seqlen_q=3)
+    with pytest.raises(TypeError, match="max_seqlen_q must be an int, got 4.5"):   # was truncated to 4
+        call(max_seqlen_q=4.5)
+    with pytest.raises(TypeError, match="page_size must be an int, got '16'"):
+        call(page_size="16")
     with pytest.raises(ValueError, match="contiguous"):
         call(q=c.q.transpose(0, 1).contiguous().transpose(0, 1))
     with pytest.raises(ValueError, match="kv_last_page_lens"):

@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import tempfile
 import time
 import uuid
@@ -88,6 +89,37 @@ def default_root() -> Path:
 def fallback_root() -> Path:
     """Where builds go when the default root is read-only (per user, under the temp dir)."""
     return Path(tempfile.gettempdir()) / f"aiter_mla-{os.getuid()}"
+
+
+def private_fallback_root() -> Path:
+    """:func:`fallback_root`, created with mode 0700 when absent, and refused unless it is a
+    folder (not a link) this user owns and no one else may write to: its path is guessable in
+    a shared temp dir, and a ``lib.so`` planted there would be loaded, i.e. run, by us.
+    Raises :class:`CacheNotWritableError` naming ``AITER_MLA_CACHE_DIR`` otherwise."""
+    root = fallback_root()
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise CacheNotWritableError(
+            f"fallback JIT cache root {root} cannot be created ({exc.strerror or exc}): set "
+            f"AITER_MLA_CACHE_DIR to a writable folder") from None
+    st = os.lstat(root)
+    problems = []
+    if not stat.S_ISDIR(st.st_mode):
+        problems.append("it is not a folder (a link or a file)")
+    if st.st_uid != os.getuid():
+        problems.append(f"it is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})")
+    if st.st_mode & 0o022:
+        problems.append(f"group or others may write to it (mode {stat.S_IMODE(st.st_mode):o}, expected no "
+                        f"group/other write bit)")
+    if problems:
+        raise CacheNotWritableError(
+            f"fallback JIT cache root {root} is not safe to build in: {'; '.join(problems)}. A library "
+            f"planted there would be loaded by this process: set AITER_MLA_CACHE_DIR to a folder of "
+            f"your own")
+    return root
 
 
 def atomic_write_text(path: Path, text: str, best_effort: bool = False) -> None:

@@ -30,7 +30,7 @@ from .. import env
 from ..arch import is_experimental_enabled
 from . import key as keymod
 from . import third_party
-from .cache import Cache, CacheNotWritableError, Corrupt, Entry, default_root, fallback_root, log
+from .cache import Cache, CacheNotWritableError, Corrupt, Entry, default_root, log, private_fallback_root
 from .config import JitConfig, load_config, templates_dir
 from .loader import Module, ModuleLoadError
 from .render import describe, render
@@ -82,7 +82,10 @@ class _State:
         except CacheNotWritableError as exc:
             if self.cache.explicit:
                 raise
-            fb = Cache(fallback_root(), explicit=False)
+            try:
+                fb = Cache(private_fallback_root(), explicit=False)
+            except CacheNotWritableError as fb_exc:
+                raise CacheNotWritableError(f"{exc}; and {fb_exc}") from None
             fb.ensure_writable()
             log.warning("aiter_mla: %s; building in %s instead", exc, fb.root)
             self.caches.insert(0, fb)

@@ -25,8 +25,11 @@ feeding a 3-stage mbarrier pipeline); see docs/perf/notes.md.
 Eager input checks are skipped while a CUDA graph is being captured and under torch.compile.
 Index *values* (qo_indptr, kv_indptr, kv_indices, kv_last_page_lens) live on the device, so
 checking them costs one device-to-host read; it is done once per distinct set of index tensors
-(keyed by their storage and in-place version counters), so the many layers of one decode step
-that share the same indices pay it once, and CUDA-graph replays pay nothing.
+(keyed by their storage, their in-place version counters and the tensor objects themselves), so
+the many layers of one decode step that share the same indices pay it once, and CUDA-graph
+replays pay nothing. Writes that bypass torch's version counter (a Triton or custom kernel, a
+numpy or DLPack view) into a tensor already checked are not seen: callers that fill index
+buffers that way must keep the values in range, or pass fresh tensor objects.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ import ctypes
 import math
 import operator
 import threading
+import weakref
 from typing import Optional
 
 import torch
@@ -137,7 +141,7 @@ except AttributeError:  # pragma: no cover
         return torch.cuda.current_stream(index).cuda_stream
 
 _launched: set[tuple[str, int]] = set()      # (module key, device) launched at least once
-_validated: dict[tuple, None] = {}            # index-tensor sets whose values were checked
+_validated: dict[tuple, tuple] = {}           # index-tensor sets whose values were checked -> their weakrefs
 _lock = threading.Lock()
 
 
@@ -327,10 +331,14 @@ def _index_key(*ts: torch.Tensor) -> tuple:
 def _check_index_values(qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, total_q: int,
                         num_pages: int, page_size: int, max_seqlen_q: int, work_indptr,
                         clusters: int) -> None:
-    """One device->host read validating index values; cached per (tensors, versions)."""
-    key = _index_key(qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr) + (
-        total_q, num_pages, page_size, max_seqlen_q, clusters)
-    if key in _validated:
+    """One device->host read validating index values; cached per (tensors, versions). A hit
+    also needs the very tensor objects checked before (weak references): a new tensor that the
+    allocator placed at a freed one's address has the same pointer and version 0, and its
+    values were never checked."""
+    tensors = (qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr)
+    key = _index_key(*tensors) + (total_q, num_pages, page_size, max_seqlen_q, clusters)
+    refs = _validated.get(key)
+    if refs is not None and all(r() is t for r, t in zip(refs, tensors)):
         return
     B = qo_indptr.numel() - 1
     pages = kv_indptr[1:] - kv_indptr[:-1]
@@ -383,7 +391,7 @@ def _check_index_values(qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, tot
     with _lock:
         if len(_validated) > 4096:
             _validated.clear()
-        _validated[key] = None
+        _validated[key] = tuple(weakref.ref(t) for t in tensors)
 
 
 def _check_indptr_len(work_indptr, clusters: int) -> None:
@@ -492,7 +500,7 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
         raise ValueError(f"kv_buffer must start at a 16-byte aligned address (its rows are read in "
                          f"16-byte units), got data_ptr() % 16 = {kv_buffer.data_ptr() % 16}")
     page_size = int(kv_buffer.shape[1])
-    decode_variant(num_heads, int(max_seqlen_q), page_size, query.dtype, kv_buffer.dtype)
+    decode_variant(num_heads, _require_int("max_seqlen_q", max_seqlen_q), page_size, query.dtype, kv_buffer.dtype)
     _check_tensor(final_output, "final_output", torch.bfloat16, device, dim=3)
     if tuple(final_output.shape) != (total_q, num_heads, V_HEAD_DIM):
         raise ValueError(f"final_output must be [{total_q}, {num_heads}, {V_HEAD_DIM}] (query rows, "
@@ -637,11 +645,12 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
         raise NotImplementedError(f"kv_buffer.shape[2] (KV heads) must be 1 (MLA has one latent KV head), "
                                   f"got {kv_buffer.shape[2]}")
     _require_cuda("q", q)
-    if int(page_size) != int(kv_buffer.shape[1]):
+    page_size = _require_int("page_size", page_size)
+    max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
+    if page_size != int(kv_buffer.shape[1]):
         raise ValueError(f"page_size={page_size} does not match kv_buffer.shape[1]={kv_buffer.shape[1]}")
     total_q, num_heads = int(q.shape[0]), int(q.shape[1])
-    max_seqlen_q = int(max_seqlen_q)
-    decode_variant(num_heads, max_seqlen_q, int(page_size), q.dtype, kv_buffer.dtype)
+    decode_variant(num_heads, max_seqlen_q, page_size, q.dtype, kv_buffer.dtype)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(int(kv_buffer.shape[3]))
     device = q.device
@@ -657,7 +666,7 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
         metadata.get_mla_metadata_v1(
             qo_indptr, kv_indptr, kv_last_page_lens, num_heads, 1, True, work_meta_data,
             work_info_set, work_indptr, reduce_indptr, reduce_final_map, reduce_partial_map,
-            page_size=int(page_size), kv_granularity=metadata.default_kv_granularity(int(page_size)),
+            page_size=page_size, kv_granularity=metadata.default_kv_granularity(page_size),
             max_seqlen_qo=max_seqlen_q, uni_seqlen_qo=max_seqlen_q, fast_mode=True,
             dtype_q=q.dtype, dtype_kv=kv_buffer.dtype)
     else:
