@@ -333,32 +333,52 @@ def test_read_only_explicit_root_names_the_variable(fake_jit):
     assert str(fake_jit.root) in proc.stderr
 
 
-def test_read_only_default_root_falls_back_with_warning(fake_jit, tmp_path):
+def _default_root_sandbox(fake_jit, tmp_path):
+    """(home, tmpdir, env): the default cache root under a fresh HOME and the temp dir (the
+    fallback's parent) under a fresh TMPDIR, with AITER_MLA_CACHE_DIR unset for the children."""
     home = tmp_path / "home"
     home.mkdir()
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    env = {"HOME": str(home), "TMPDIR": str(tmpdir), "XDG_CACHE_HOME": ""}
     fake_jit.env.pop("AITER_MLA_CACHE_DIR")
+    return home, tmpdir, {"HOME": str(home), "TMPDIR": str(tmpdir), "XDG_CACHE_HOME": ""}
+
+
+def test_read_only_default_root_falls_back_with_warning(fake_jit, tmp_path):
+    home, tmpdir, env = _default_root_sandbox(fake_jit, tmp_path)
     proc = _readonly_child(fake_jit, [home], CHILD_LOAD.format(n=1), env)
     assert proc.returncode == 0, proc.stderr
     assert "not writable" in proc.stderr and "building in" in proc.stderr
     assert list((tmpdir).glob("aiter_mla-*/entries/*/lib.so"))
 
 
+def test_read_only_default_root_later_processes_find_the_fallback(fake_jit, tmp_path):
+    """What one process built in the fallback root, the next finds there: no second build, no
+    "building in ... instead" warning, and ``jit list`` reports it cached. Before, the fallback
+    was consulted only once a process went to build, so list said [missing]."""
+    home, tmpdir, env = _default_root_sandbox(fake_jit, tmp_path)
+    first = _readonly_child(fake_jit, [home], CHILD_LOAD.format(n=1), env)
+    assert first.returncode == 0 and "building in" in first.stderr, first.stderr
+    second = _readonly_child(fake_jit, [home], CHILD_LOAD.format(n=1), env)
+    assert second.returncode == 0, second.stderr
+    assert "building in" not in second.stderr, second.stderr
+    assert json.loads(second.stdout)["path"].startswith(str(tmpdir / f"aiter_mla-{os.getuid()}"))
+    assert fake_jit.started() == 1
+    listed = _readonly_child(fake_jit, [home], """
+        from aiter_mla.jit import commands
+        print(commands._cache_status("fake", dict(arch="sm_90a", n=1, flavor="a"))[0])
+    """, env)
+    assert listed.returncode == 0 and listed.stdout.strip() == "cached", (listed.stdout, listed.stderr)
+
+
 def test_read_only_default_root_refuses_a_shared_fallback(fake_jit, tmp_path):
     """The per-user fallback under the temp dir has a guessable path: a folder there that others
     may write to (or that another user owns) is refused, since a lib.so planted in it would be
     loaded. Before the check, a world-writable /tmp/aiter_mla-<uid> was built in and loaded from."""
-    home = tmp_path / "home"
-    home.mkdir()
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
+    home, tmpdir, env = _default_root_sandbox(fake_jit, tmp_path)
     shared = tmpdir / f"aiter_mla-{os.getuid()}"
     shared.mkdir()
     os.chmod(shared, 0o777)
-    env = {"HOME": str(home), "TMPDIR": str(tmpdir), "XDG_CACHE_HOME": ""}
-    fake_jit.env.pop("AITER_MLA_CACHE_DIR")
     proc = _readonly_child(fake_jit, [home], CHILD_LOAD.format(n=1), env)
     assert proc.returncode != 0
     assert "CacheNotWritableError" in proc.stderr and "not safe" in proc.stderr, proc.stderr

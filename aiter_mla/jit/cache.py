@@ -91,6 +91,20 @@ def fallback_root() -> Path:
     return Path(tempfile.gettempdir()) / f"aiter_mla-{os.getuid()}"
 
 
+def _private_dir_problems(root: Path) -> list[str]:
+    """Why ``root`` (which exists) is not a folder only this user can write, if it is not."""
+    st = os.lstat(root)
+    problems = []
+    if not stat.S_ISDIR(st.st_mode):
+        problems.append("it is not a folder (a link or a file)")
+    if st.st_uid != os.getuid():
+        problems.append(f"it is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})")
+    if st.st_mode & 0o022:
+        problems.append(f"group or others may write to it (mode {stat.S_IMODE(st.st_mode):o}, expected no "
+                        f"group/other write bit)")
+    return problems
+
+
 def private_fallback_root() -> Path:
     """:func:`fallback_root`, created with mode 0700 when absent, and refused unless it is a
     folder (not a link) this user owns and no one else may write to: its path is guessable in
@@ -105,21 +119,23 @@ def private_fallback_root() -> Path:
         raise CacheNotWritableError(
             f"fallback JIT cache root {root} cannot be created ({exc.strerror or exc}): set "
             f"AITER_MLA_CACHE_DIR to a writable folder") from None
-    st = os.lstat(root)
-    problems = []
-    if not stat.S_ISDIR(st.st_mode):
-        problems.append("it is not a folder (a link or a file)")
-    if st.st_uid != os.getuid():
-        problems.append(f"it is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})")
-    if st.st_mode & 0o022:
-        problems.append(f"group or others may write to it (mode {stat.S_IMODE(st.st_mode):o}, expected no "
-                        f"group/other write bit)")
+    problems = _private_dir_problems(root)
     if problems:
         raise CacheNotWritableError(
             f"fallback JIT cache root {root} is not safe to build in: {'; '.join(problems)}. A library "
             f"planted there would be loaded by this process: set AITER_MLA_CACHE_DIR to a folder of "
             f"your own")
     return root
+
+
+def existing_private_fallback_root() -> Path | None:
+    """The fallback root when an earlier process created it and it passes the checks of
+    :func:`private_fallback_root` (so lookups find what was built there), else None."""
+    root = fallback_root()
+    try:
+        return None if _private_dir_problems(root) else root
+    except OSError:
+        return None
 
 
 def atomic_write_text(path: Path, text: str, best_effort: bool = False) -> None:

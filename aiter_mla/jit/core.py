@@ -30,7 +30,8 @@ from .. import env
 from ..arch import is_experimental_enabled
 from . import key as keymod
 from . import third_party
-from .cache import Cache, CacheNotWritableError, Corrupt, Entry, default_root, log, private_fallback_root
+from .cache import (Cache, CacheNotWritableError, Corrupt, Entry, default_root, existing_private_fallback_root, log,
+                    private_fallback_root)
 from .config import JitConfig, load_config, templates_dir
 from .loader import Module, ModuleLoadError
 from .render import describe, render
@@ -60,6 +61,9 @@ class _State:
             self.caches = [Cache(Path(explicit).expanduser().absolute(), explicit=True)]
         else:
             self.caches = [Cache(default_root(), explicit=False)]
+            fb = existing_private_fallback_root()   # where an earlier process built, root read-only
+            if fb is not None and fb != self.caches[0].root:
+                self.caches.append(Cache(fb, explicit=False))
         self.compilers: dict[str, Compiler] = {}
         self.rebuilt: set[tuple] = set()
 
@@ -83,11 +87,14 @@ class _State:
             if self.cache.explicit:
                 raise
             try:
-                fb = Cache(private_fallback_root(), explicit=False)
+                fb_root = private_fallback_root()
             except CacheNotWritableError as fb_exc:
                 raise CacheNotWritableError(f"{exc}; and {fb_exc}") from None
+            fb = next((c for c in self.caches if c.root == fb_root), None) or Cache(fb_root, explicit=False)
             fb.ensure_writable()
             log.warning("aiter_mla: %s; building in %s instead", exc, fb.root)
+            if fb in self.caches:
+                self.caches.remove(fb)
             self.caches.insert(0, fb)
             return fb
 
