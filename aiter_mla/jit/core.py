@@ -90,12 +90,11 @@ class _State:
                 fb_root = private_fallback_root()
             except CacheNotWritableError as fb_exc:
                 raise CacheNotWritableError(f"{exc}; and {fb_exc}") from None
-            fb = next((c for c in self.caches if c.root == fb_root), None) or Cache(fb_root, explicit=False)
+            fb = Cache(fb_root, explicit=False)
             fb.ensure_writable()
             log.warning("aiter_mla: %s; building in %s instead", exc, fb.root)
-            if fb in self.caches:
-                self.caches.remove(fb)
-            self.caches.insert(0, fb)
+            # first for builds and lookups; a lookup-only copy of it (from __init__) goes
+            self.caches = [fb, *(c for c in self.caches if c.root != fb_root)]
             return fb
 
 

@@ -12,15 +12,14 @@ Supported (``SUPPORTED_SHAPES``, ``SUPPORTED_DTYPES``): heads x qlen of 128 on a
 64-row tile with padded rows; q/kv both fp8 e4m3fn or both bf16; output bf16; page_size any
 power of two 1..256 (the kernel reads it from ``kv_buffer.shape[1]``, as AITER's HK entry does).
 
-Numerics (kernel: templates/mla_decode.cu.j2 + templates/common/mla_decode_sm90.cuh): scores
-= q.k over 576 dims (tensor cores, fp32 accumulate) x q_scale x kv_scale x sm_scale; exp2-based
-online softmax; P is rounded to fp16 (fp8 KV, whose V converts to fp16 exactly) or bf16 (bf16
-KV) before P.V, which is more accurate than AITER's fp8 P; output = (P.V) x kv_scale / l in
-bf16; LSE natural log. Measured on the H200: relative L2 vs float64 about 1.7e-3 (fp8) and
-2.0e-3 (bf16). On sm_90a ``mma.sync`` e4m3 is lowered by ptxas to fp8->fp16 unpacks plus two
-HMMA.16816 (no native fp8 mma.sync); the default main loop is therefore wgmma ("wgmma_ws":
-fp8 QGMMA for QK with fp32 promotion every 3 k-steps, fp16/bf16 HGMMA for PV, a producer warp
-feeding a 3-stage mbarrier pipeline); see docs/perf/notes.md.
+Numerics (kernel: templates/mla_decode.cu.j2 + templates/common/mla_decode_sm90*.cuh): scores
+= q.k over 576 dims (tensor cores, fp32 accumulate; fp8 QK promoted to fp32 every 3 k-steps)
+x q_scale x kv_scale x sm_scale; exp2-based online softmax; output = (P.V) x kv_scale / l in
+bf16; LSE natural log. The default main loops (``DEFAULT_MAINLOOP``, ``FEW_ROWS_MAINLOOP``):
+fp8 "wgmma_seesaw" (more than 32 rows) and "wgmma_dual" (at most 32) run PV as an e4m3 wgmma
+with P rounded to e4m3, as AITER does; bf16 "wgmma_ws" rounds P to bf16. Measured on the
+H200 against float64 (the bench's check): relative L2 at most 1.2e-2 (fp8) and about 1.8e-3
+(bf16); see docs/perf/notes.md.
 
 Eager input checks are skipped while a CUDA graph is being captured and under torch.compile.
 Index *values* (qo_indptr, kv_indptr, kv_indices, kv_last_page_lens) live on the device, so
