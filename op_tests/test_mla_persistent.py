@@ -821,6 +821,11 @@ def test_input_errors(warm, mainloop):
         call(page_size="16")
     with pytest.raises(ValueError, match="contiguous"):
         call(q=c.q.transpose(0, 1).contiguous().transpose(0, 1))
+    flat = torch.empty(c.q.numel() + 1, dtype=c.q.dtype, device="cuda")
+    q_odd = flat[1:].view(c.q.shape)   # contiguous, one bf16 (2 bytes) past an aligned start
+    q_odd.copy_(c.q)
+    with pytest.raises(ValueError, match="query must start at a 16-byte aligned address.*= 2"):
+        call(q=q_odd)
     with pytest.raises(ValueError, match="kv_last_page_lens"):
         call(kv_last_page_lens=torch.tensor([0, 3], dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="kv_last_page_lens"):

@@ -129,9 +129,10 @@ FEW_ROWS_MAINLOOP = {"fp8": "wgmma_dual", "bf16": "wgmma_ws"}
 
 _DEFAULT_SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
 
-# q, kv, kv_rows, then 10 more pointers (see aiter_mla_decode in templates/mla_decode.cu.j2).
+# q, kv, kv_rows, then 10 more pointers, ..., the stream and q_rows (see aiter_mla_decode in
+# templates/mla_decode.cu.j2).
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong] + [ctypes.c_void_p] * 10 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_int, ctypes.c_void_p]
+                                      ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong]
 
 try:  # a fraction of a microsecond, against several for torch.cuda.current_stream(i).cuda_stream
     _raw_stream = torch._C._cuda_getCurrentRawStream
@@ -447,7 +448,7 @@ def _launch(query, kv_buffer, kv_indices, kv_last_page_lens, work_indptr, work_i
     rc = fn(ptr(query), ptr(kv_buffer), kv_rows, ptr(kv_indices), ptr(kv_last_page_lens), ptr(work_indptr),
             ptr(work_info_set), ptr(final_output), ptr(final_lse), ptr(split_output), ptr(split_lse),
             ptr(q_scale), ptr(kv_scale), float(softmax_scale), num_heads, clusters,
-            launch_grid_x(params, clusters), device.index, stream)
+            launch_grid_x(params, clusters), device.index, stream, int(query.shape[0]) * num_heads)
     if rc != 0:
         err = mod.function("aiter_mla_error_string", [ctypes.c_int], ctypes.c_char_p)(rc)
         raise RuntimeError(f"mla decode launch failed ({params}): CUDA error {rc}: "
@@ -495,6 +496,9 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
     if kv_buffer.shape[2] != 1 or kv_buffer.shape[3] != QK_HEAD_DIM:
         raise ValueError(f"kv_buffer must be [num_pages, page_size, 1, {QK_HEAD_DIM}] (one KV head), "
                          f"got {tuple(kv_buffer.shape)}")
+    if query.data_ptr() % 16:   # Q rows are copied in 16-byte units (cp.async, or the Q tensor map)
+        raise ValueError(f"query must start at a 16-byte aligned address (its rows are copied in "
+                         f"16-byte units), got data_ptr() % 16 = {query.data_ptr() % 16}")
     if kv_buffer.data_ptr() % 16:
         raise ValueError(f"kv_buffer must start at a 16-byte aligned address (its rows are read in "
                          f"16-byte units), got data_ptr() % 16 = {kv_buffer.data_ptr() % 16}")

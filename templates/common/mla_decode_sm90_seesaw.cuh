@@ -46,7 +46,11 @@ struct MlaDecodeSeesawConfig : ovl::Fp8TmaTile<BlockN, PageSize, Causal> {
   static constexpr int kOffInv = kOffMax + 2 * kRows * 4;             // [64] out_scale / l (ot::write_output)
   static constexpr int kOffRed = kOffInv + kRows * 4;
   static constexpr int kOffBar = kOffRed + T::kRedBytes;              // full[kStages], empty[kStages]
-  static constexpr int kSmemBytes = kOffBar + 2 * kStages * 8;
+  static constexpr int kOffQBar = kOffBar + 2 * kStages * 8;          // q_full, q_empty (kQTma)
+  static constexpr int kSmemBytes = kOffQBar + 2 * 8;
+  // With TMA stages the producer copies Q too, first of each work, in the stage layout: no
+  // consumer cp.async of Q, whose issue stalled behind the KV copies.
+  static constexpr bool kQTma = T::kSw64;
   static_assert(BN == 64, "the seesaw loop scores 64-key tiles (m64n64 QK)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
   static_assert(T::kOffKv % 512 == 0 && kOffP % 128 == 0, "operand tiles are aligned");

@@ -54,6 +54,9 @@ struct WgmmaTile {
   static constexpr int kOffQ = 0;
   static constexpr int kOffKv = kOffQ + kQBytes;
   static constexpr int kLog2P = log2_page_size<P>();
+  // Q in the interleaved layout, copied by the consumers (cp.async); a loop whose producer
+  // copies Q by TMA (wgmma_seesaw at page_size >= 8) lays it out as a KV stage instead.
+  static constexpr bool kQTma = false;
   static_assert(BN == 64, "the warpgroup main loops run block_n 64 (N = 32 keys per warpgroup)");
 };
 
@@ -495,7 +498,12 @@ __device__ __forceinline__ uint64_t k_desc(uint32_t k_addr, int kk) {
 // A operand (Q, interleaved layout) of QK step kk.
 template <class C>
 __device__ __forceinline__ uint64_t q_desc(uint32_t q_addr, int kk) {
-  return make_desc(q_addr, 128, C::kGroupBytes) + static_cast<uint64_t>(kk * 256 >> 4);
+  if constexpr (C::kQTma) {   // Q as a 64-row KV stage: 64-byte-swizzled column blocks (k_desc)
+    static_assert(C::BN == kRows, "a TMA-copied Q tile has a KV stage's shape");
+    return (make_desc(q_addr, 16, 512) | (2ull << 62)) + (k_step_bytes<C>(kk) >> 4);
+  } else {
+    return make_desc(q_addr, 128, C::kGroupBytes) + static_cast<uint64_t>(kk * 256 >> 4);
+  }
 }
 
 // One commit group of QK: k-steps first .. first + N - 1 into acc, the first overwriting it;
