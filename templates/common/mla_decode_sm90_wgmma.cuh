@@ -55,7 +55,8 @@ struct WgmmaTile {
   static constexpr int kOffKv = kOffQ + kQBytes;
   static constexpr int kLog2P = log2_page_size<P>();
   // Q in the interleaved layout, copied by the consumers (cp.async); a loop whose producer
-  // copies Q by TMA (wgmma_seesaw at page_size >= 8) lays it out as a KV stage instead.
+  // copies Q by TMA (wgmma_seesaw, bf16 wgmma_ws; page_size >= 8) lays it out as a KV stage
+  // instead.
   static constexpr bool kQTma = false;
   static_assert(BN == 64, "the warpgroup main loops run block_n 64 (N = 32 keys per warpgroup)");
 };
@@ -86,9 +87,13 @@ struct MlaDecodeWgmmaConfig : WgmmaTile<BlockN, PageSize, Fp8, Causal> {
   static constexpr int kOffV = kOffKv + kStages * kStageBytes;
   static constexpr int kOffP = kOffV + kVBytes;
   static constexpr int kOffRed = kOffP + kPBytes;
-  // wgmma_ws: full[kStages] then empty[kStages] mbarriers (8 bytes each).
+  // wgmma_ws: full[kStages] then empty[kStages] mbarriers (8 bytes each), then with TMA stages
+  // q_full, q_empty: the producer copies Q too, in the stage layout (no consumer cp.async of Q,
+  // whose 73 KB issue held back the first KV copy).
   static constexpr int kOffBar = kOffRed + T::kRedBytes;
-  static constexpr int kSmemBytes = kOffBar + 2 * kStages * 8;
+  static constexpr int kOffQBar = kOffBar + 2 * kStages * 8;
+  static constexpr bool kQTma = Tma;
+  static constexpr int kSmemBytes = kOffQBar + (kQTma ? 2 * 8 : 0);
 
   static_assert(Stages >= 2 && Stages <= 3, "2 or 3 KV stages");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
