@@ -4,7 +4,8 @@ usage: python3 scripts/dev/template_ab.py OUTDIR NAME[:LOOP]=TEMPLATES_DIR [...]
   NAME= (no folder) is the repository's templates/. NAME:LOOP forces fp8 main loop LOOP in that
   arm only (so e.g. wgmma_ot and wgmma_seesaw arms interleave in one run). Every folder's variants for CASES are
   built first, one process per folder (AITER_MLA_TEMPLATES_DIR is process-wide), then each case
-  is timed under every folder in turn, ROUNDS times (interleaved, so drift shows as a spread),
+  is timed under every folder in turn, ROUNDS times (interleaved, so drift shows as a spread;
+  round r starts at arm r, so no arm always runs first: times are listed per arm in round order),
   by scripts/dev/graph_timing.py (CUDA-graph replay, decode + reduce). Writes OUTDIR/ab.txt.
   env CASES: ';'-separated fp8_loop_check.timed_case names (default: the fp8 (128,1) and
   (64,1) cases below); ROUNDS (default 2); LOOP: an fp8 main loop to force in every arm
@@ -94,8 +95,10 @@ def main():
         c = T.make_case(h, q, P, dt, [ctx] * b, seed=1, spare_pages=0)
         times = {n: [] for n, _ in arms}
         outs = {}
-        for _r in range(rounds):
-            for name, folder in arms:
+        for r in range(rounds):
+            # round r starts at arm r (mod arms): long power-heavy cases run slower in a round's later
+            # slots (warming), and a fixed order charged that to the same arm every round
+            for name, folder in arms[r % len(arms):] + arms[:r % len(arms)]:
                 use_templates(folder, loops[name])
                 bufs = T.plan(c)
                 t, o = time_case(c, bufs, h)

@@ -616,6 +616,22 @@ __device__ __forceinline__ void zero_v_tail(uint8_t* smem, int stage, int valid)
   }
 }
 
+// A Q tile copied by TMA (C::kQTma) holds other tokens' Q in its rows past the work's valid
+// rows (the cp.async path zero-fills them). Their scores are never written, but real operands
+// there cost tensor-core power: with 16 valid rows of 64, bf16 (16,1) long contexts ran 2-5%
+// slower (docs/perf/notes.md, change 20). So they are zeroed, 64 bytes per row and column block;
+// the caller fences the stores to the async proxy and syncs before the first QK.
+template <class C>
+__device__ __forceinline__ void zero_q_rows(uint8_t* smem, int valid_rows) {
+  static_assert(C::kQTma, "Q in the TMA stage layout only");
+  constexpr int kChunksPerRow = C::kRowBytes / 16;
+  uint8_t* base = smem + C::kOffQ;
+  for (int i = threadIdx.x; i < (kRows - valid_rows) * kChunksPerRow; i += kThreads) {
+    const int row = valid_rows + i / kChunksPerRow, c = i % kChunksPerRow;   // 16-byte chunk c of the row
+    *reinterpret_cast<uint4*>(base + (c >> 2) * (kRows * 64) + row * 64 + (c & 3) * 16) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 // Issues (does not wait for) O[64 x cols of half] += P[64 x BN] . V[BN x 256].
 template <class C>
 __device__ __forceinline__ void pv_issue(float (&o)[C::kOTiles][4], const uint8_t* smem, int stage, int group,
