@@ -89,7 +89,8 @@ BLOCK_N = {"fp8": 64, "bf16": 32}
 #: wgmma_rs's maths with each consumer warpgroup running its own work list on its own producer
 #: warp and KV ring, two independent pipelines per CTA, ``launch_grid_x``). The fp8 TMA loops
 #: and bf16 wgmma_ws load KV tiles by TMA for page_size >= 8 (64-byte-swizzled stages; smaller
-#: pages keep cp.async).
+#: pages keep cp.async); there wgmma_seesaw and bf16 wgmma_ws also copy Q by TMA, in the stage
+#: layout, from the producer warp.
 MAINLOOPS = ("mma", "wgmma", "wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw", "wgmma_rs", "wgmma_dual")
 
 #: Main loop -> the kv dtypes it has a kernel for.

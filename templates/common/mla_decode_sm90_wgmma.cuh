@@ -617,10 +617,11 @@ __device__ __forceinline__ void zero_v_tail(uint8_t* smem, int stage, int valid)
 }
 
 // A Q tile copied by TMA (C::kQTma) holds other tokens' Q in its rows past the work's valid
-// rows (the cp.async path zero-fills them). Their scores are never written, but real operands
-// there cost tensor-core power: with 16 valid rows of 64, bf16 (16,1) long contexts ran 2-5%
-// slower (docs/perf/notes.md, change 20). So they are zeroed, 64 bytes per row and column block;
-// the caller fences the stores to the async proxy and syncs before the first QK.
+// rows (the cp.async path zero-fills them). Their scores are never written, but the loop runs
+// slower with them than with zeros: bf16 (16,1) (16 valid rows of 64) b256 c8192 took 705-729 us
+// against 596-610 with them zeroed, in one call (docs/perf/notes.md, change 20; power is the
+// likely cause, not measured). So they are zeroed, 64 bytes per row and column block; the
+// caller fences the stores to the async proxy and syncs before the first QK.
 template <class C>
 __device__ __forceinline__ void zero_q_rows(uint8_t* smem, int valid_rows) {
   static_assert(C::kQTma, "Q in the TMA stage layout only");
