@@ -56,6 +56,7 @@ def test_build_failure_exits_nonzero_and_reports(fake_jit, capsys, monkeypatch):
     (["jit", "clear"], "give a MODULE or --all"),
     (["jit", "render", "fake", "--param", "arch=sm_90a"], "missing parameter(s) n, flavor"),
     (["metadata", "--batch", "4", "--ctx", "100", "--clusters", "2000000000"], "--clusters must be in [1, 8192]"),
+    (["metadata", "--batch", "3", "--ctx", "1,,2"], "--ctx has an empty item"),   # was dropped
 ])
 def test_bad_usage_exits_nonzero_with_reason(fake_jit, capsys, argv, needle):
     assert main(argv) == 1

@@ -108,7 +108,7 @@ def test_check_params_errors_list_allowed_values():
         m.check_params({k: v for k, v in full.items() if k != "page_size"})
     with pytest.raises(ParamError, match=r"block_m=96 is not allowed; allowed: 64, 128"):
         m.check_params({**full, "block_m": 96})
-    with pytest.raises(ParamError, match=r"block_m='64' is not allowed"):
+    with pytest.raises(ParamError, match=r"block_m='64' \(a str; the allowed values are int\) is not allowed"):
         m.check_params({**full, "block_m": "64"})
     with pytest.raises(ParamError, match=r"block_m=True is not allowed"):
         m.check_params({**full, "block_m": True})

@@ -73,6 +73,17 @@ def test_wrong_commit_checkout_is_rejected(upstream, tmp_path, jit_clean, monkey
     assert co.origin == "HIP_KITTENS_DIR" and co.commit == c2
 
 
+def test_folder_that_is_no_checkout_is_named_so(upstream, tmp_path, jit_clean, monkeypatch):
+    """HIP_KITTENS_DIR at a plain folder said 'is at commit None'."""
+    repo, c1, _ = upstream
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    monkeypatch.setenv("HIP_KITTENS_DIR", str(plain))
+    with pytest.raises(ThirdPartyError, match=f"HIP_KITTENS_DIR={plain} is not a git checkout .*{c1}") as ei:
+        resolve(ThirdPartyPin("HipKittens", str(repo), c1), Cache(tmp_path / "c", True), True)
+    assert "None" not in str(ei.value)
+
+
 def test_read_git_head_without_git(upstream):
     repo, _, c2 = upstream
     assert read_git_head(repo) == c2

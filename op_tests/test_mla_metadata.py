@@ -575,6 +575,13 @@ def test_op_argument_checks(monkeypatch):
         call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, intra_batch_mode=True)
     with pytest.raises(ValueError, match="uni_seqlen_qo"):
         call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=2, uni_seqlen_qo=1)
+    # two KV heads: AITER would halve the clusters; the decode op has one KV head and refused
+    # the plan only later, at the decode call
+    bufs = alloc(info)
+    t = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    with pytest.raises(NotImplementedError, match="num_heads_k must be 1 .*got 2"):
+        md.get_mla_metadata_v1(t(qo), t(kv), t(lpl), 16, 2, False, bufs[0], bufs[2], bufs[1], bufs[3],
+                               bufs[4], bufs[5], page_size=16, max_seqlen_qo=1)
     # buffers planned for one batch are too small for two
     small = alloc(md.get_mla_metadata_info_v1(1, 1, 16, None, None))
     with pytest.raises(ValueError, match="reduce_indptr|reduce_final_map|work_info_set"):

@@ -109,8 +109,13 @@ class ModuleConfig:
             )
         for p, value in params.items():
             if not _is_allowed(value, self.params[p]):
+                # '128' against 128 read as "not allowed; allowed: ..., 128": name the type
+                hint = ""
+                if any(_value_text(a) == str(value) for a in self.params[p]):
+                    kinds = sorted({type(a).__name__ for a in self.params[p]})
+                    hint = f" (a {type(value).__name__}; the allowed values are {'/'.join(kinds)})"
                 raise ParamError(
-                    f"module {self.name!r}: parameter {p}={value!r} is not allowed; "
+                    f"module {self.name!r}: parameter {p}={value!r}{hint} is not allowed; "
                     f"allowed: {_fmt_values(self.params[p])}"
                 )
         for when, why in self.exclude:

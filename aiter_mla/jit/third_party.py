@@ -126,6 +126,12 @@ def resolve(pin: ThirdPartyPin, cache: Cache, allow_fetch: bool) -> Checkout:
         if not path.is_dir():
             raise ThirdPartyError(f"{var}={given!r} is not a folder")
         head = read_git_head(path) or _git_rev_parse(path)
+        if head is None:
+            raise ThirdPartyError(
+                f"{var}={given} is not a git checkout (no commit could be read there), but "
+                f"jit_config.json pins {pin.name} at {pin.commit}: point {var} at a clone of "
+                f"{pin.url} checked out at that commit, or unset {var} to use 'aiter-mla deps fetch'"
+            )
         if head != pin.commit:
             raise ThirdPartyError(
                 f"{var}={given} is at commit {head}, but jit_config.json pins {pin.name} at "

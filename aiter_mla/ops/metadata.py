@@ -350,8 +350,8 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     its buffers, units and cost model; the cluster assignment is position based instead of
     AITER's serial greedy, with the fixes listed in :mod:`aiter_mla.ops.metadata_reference`.
 
-    Raises NotImplementedError for ``topk >= 0``, ``intra_batch_mode``, ``fast_mode=False`` or
-    ``num_heads_per_head_k * max_seqlen_qo > 128``; ValueError / TypeError for bad arguments
+    Raises NotImplementedError for ``topk >= 0``, ``intra_batch_mode``, ``fast_mode=False``,
+    ``num_heads_k != 1`` or ``num_heads_per_head_k * max_seqlen_qo > 128``; ValueError / TypeError for bad arguments
     (named, with expected and actual values) or buffers too small for this input.
     """
     import torch
@@ -372,6 +372,9 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     check_int("num_heads_k", num_heads_k)
     if num_heads_k < 1:
         raise ValueError(f"num_heads_k must be >= 1, got {num_heads_k}")
+    if num_heads_k != 1:   # AITER divides the clusters by it; the decode op would refuse the plan
+        raise NotImplementedError(f"num_heads_k must be 1 (MLA has one KV head; the decode kernels "
+                                  f"take no other), got {num_heads_k}")
     if not isinstance(seqlens_kv_indptr, torch.Tensor):
         raise TypeError(f"seqlens_kv_indptr must be a torch.Tensor, got "
                         f"{type(seqlens_kv_indptr).__name__}")

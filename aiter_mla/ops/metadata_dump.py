@@ -19,8 +19,13 @@ MAX_CLUSTERS = 2 * env.registry()["CU_NUM"].maximum
 
 
 def _int_list(text: str, name: str) -> list[int]:
+    """``a,b,c`` as ints; an empty item (``1,,2``, a trailing comma) is refused, not dropped: it
+    would shift which length each batch gets."""
+    items = text.split(",")
+    if any(not x.strip() for x in items):
+        raise ValueError(f"--{name} has an empty item: an int or a comma list of ints, got {text!r}")
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        return [int(x) for x in items]
     except ValueError:
         raise ValueError(f"--{name} must be an int or a comma list of ints, got {text!r}") from None
 
