@@ -61,7 +61,7 @@ FAKE_COMPILER = r'''#!{python}
 import hashlib, os, signal, sys, time
 args = sys.argv[1:]
 if "--version" in args:
-    print("fake nvcc, release 0.0, {version}")
+    print("fake nvcc, release 13.0, {version}")
     sys.exit(0)
 out = args[args.index("-o") + 1]
 src = [a for a in args if a.endswith(".cu")][0]

@@ -591,7 +591,10 @@ def test_mainloop_flag_selects_the_ops_loop_or_refuses(monkeypatch, capsys):
     assert "runs the <= 32-row shapes only; (128,1) use wgmma_" in capsys.readouterr().err
     assert seen["few"] == "wgmma_dual"
     for argv, needle in [(["--mainloop", "tma"], "must be one of"),
-                         (["-d", "bf16", "-kvd", "bf16", "--mainloop", "wgmma_ot"], "has kernels for kv dtypes")]:
+                         (["-d", "bf16", "-kvd", "bf16", "--mainloop", "wgmma_ot"], "has kernels for kv dtypes"),
+                         (["-d", "bf16"], "-d bf16 with -kvd fp8: the kernels take Q and KV of one dtype"),
+                         (["-b", "1", "-c", "3000000000"], "a request must have < 2**31 KV tokens"),
+                         (["-b", "1000000000", "-c", "21", "--page-size", "1"], "21000000000 KV pages")]:
         assert commands.run(parser.parse_args(["--compile-only", *argv])) == 2
         assert needle in capsys.readouterr().err
 
@@ -612,3 +615,15 @@ def test_bench_jobs_default_to_max_jobs(monkeypatch, capsys):
     assert commands.run(parser.parse_args(["--compile-only"])) == 0
     import os
     assert seen == [3, 5, min(8, os.cpu_count() or 1)]
+
+
+def test_repeated_list_flags_add_up():
+    """-n 128,1 -n 16,1 benchmarked only (16,1): the second use replaced the first, silently."""
+    p = argparse.ArgumentParser()
+    commands.add_arguments(p)
+    a = p.parse_args(["-n", "128,1", "-n", "16,1", "-b", "1", "-b", "2", "3", "-c", "21", "--page-size", "1",
+                      "--page-size", "64"])
+    assert a.heads_qlen == [(128, 1), (16, 1)] and a.batch == [1, 2, 3] and a.ctx == [21]
+    assert a.page_size == [1, 64]
+    d = p.parse_args([])   # the defaults stay as they were, not extended by the earlier parse
+    assert d.heads_qlen == [(128, 1)] and d.batch == [1, 3, 5, 16, 32, 64, 128, 256] and d.page_size == [64]

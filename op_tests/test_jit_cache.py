@@ -515,6 +515,58 @@ def test_loaded_module_keeps_working_after_clear(fake_jit):
     assert core.get_module("fake", **P) is m
 
 
+def test_foreign_things_under_entries_are_left_alone(fake_jit, capsys):
+    """A stray file under entries/ made list / info / gc / clear fail (iterdir on a file, blamed
+    on the root's writability), and clear --all / gc deleted any folder there."""
+    from aiter_mla.cli import main
+
+    key = core.build_variant("fake", **P).entry.key
+    entries = fake_jit.root / "entries"
+    (entries / ".DS_Store").write_text("x")
+    (entries / "my_notes").mkdir()
+    (entries / "my_notes" / "n.txt").write_text("data")
+    assert [e["key"] for e in Cache(fake_jit.root, True).entries()] == [key]
+    assert main(["jit", "list"]) == 0
+    assert main(["jit", "gc", "--max-bytes", "0"]) == 0
+    assert not (entries / key).exists()
+    core.build_variant("fake", **P)
+    assert main(["jit", "clear", "--all"]) == 0
+    assert "removed 1 entry" in capsys.readouterr().out
+    assert (entries / ".DS_Store").read_text() == "x"
+    assert (entries / "my_notes" / "n.txt").read_text() == "data"
+
+
+def test_default_root_ignores_a_relative_xdg_cache_home(monkeypatch, tmp_path):
+    """XDG_CACHE_HOME=relxdg put the cache under the working folder (the spec: ignore it)."""
+    from aiter_mla.jit.cache import default_root
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", "relxdg")
+    assert default_root() == tmp_path / ".cache" / "aiter_mla"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_root() == tmp_path / "xdg" / "aiter_mla"
+
+
+def test_info_reports_a_broken_cache_root_and_writes_nothing(jit_clean, monkeypatch, tmp_path, capsys):
+    """info printed only the errno for a root that is a file, and probed the compilers into a
+    fresh root (creating it)."""
+    from aiter_mla.cli import main
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(afile))
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert f"cache: {afile} (AITER_MLA_CACHE_DIR), unreadable: Not a directory" in out
+    assert "versions:" in out and "toolchains:" in out and "env (k = enters the cache key):" in out
+    fresh = tmp_path / "fresh"
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(fresh))
+    core.reset_state()
+    assert main(["info"]) == 0
+    assert f"cache: {fresh} (AITER_MLA_CACHE_DIR), 0 entries" in capsys.readouterr().out
+    assert not fresh.exists()
+
+
 def test_staging_is_on_the_cache_filesystem(fake_jit):
     core.build_variant("fake", **P)
     assert (fake_jit.root / "staging").stat().st_dev == (fake_jit.root / "entries").stat().st_dev

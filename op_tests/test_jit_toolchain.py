@@ -102,6 +102,21 @@ def test_bad_explicit_compiler_path_is_named(jit_clean, monkeypatch, tmp_path):
         find_compiler("sm_90a", None)
 
 
+@pytest.mark.parametrize("banner,needle", [
+    ("Cuda compilation tools, release 11.0, V11.0.194", "is CUDA 11.0"),
+    ("hello", "names no CUDA release"),
+])
+def test_old_or_unknown_nvcc_is_refused(jit_clean, monkeypatch, tmp_path, banner, needle):
+    """README asks for CUDA 12.3+; an older nvcc was accepted and would fail later with its own
+    architecture error."""
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho '{banner}'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("AITER_MLA_NVCC", str(nvcc))
+    with pytest.raises(ToolchainError, match=f"nvcc at {nvcc} {needle}.*need CUDA 12.3 or newer.*AITER_MLA_NVCC"):
+        find_compiler("sm_90a", None)
+
+
 def test_missing_amd_toolchain_says_what_to_install(jit_clean, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("ROCM_PATH", str(tmp_path / "nothing"))

@@ -575,6 +575,13 @@ def test_op_argument_checks(monkeypatch):
         call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, intra_batch_mode=True)
     with pytest.raises(ValueError, match="uni_seqlen_qo"):
         call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=2, uni_seqlen_qo=1)
+    # errors name the argument as the caller wrote it (they said max_seqlen_q / num_heads)
+    with pytest.raises(TypeError, match="max_seqlen_qo must be an int, got float 1.0"):
+        call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1.0)
+    with pytest.raises(ValueError, match="num_heads_per_head_k must be >= 1, got 0"):
+        call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, heads=0)
+    with pytest.raises(ValueError, match="num_head_qo must be >= 1, got 0"):
+        md.get_mla_metadata_info_v1(2, 1, 0, None, None)
     # two KV heads: AITER would halve the clusters; the decode op has one KV head and refused
     # the plan only later, at the decode call
     bufs = alloc(info)

@@ -57,15 +57,25 @@ def _page_size(text: str) -> int:
     return v
 
 
+class _Extend(argparse.Action):
+    """``nargs="+"`` values that a repeated flag adds to (``-n 128,1 -n 16,1``: both pairs); the
+    first use replaces the default. (argparse's "store" kept only the last use, silently.)"""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        current = getattr(namespace, self.dest, None)
+        base = [] if current is None or current is self.default else list(current)
+        setattr(namespace, self.dest, base + list(values))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench's flags (shared by ``aiter-mla bench`` and ``python -m aiter_mla.bench``)."""
-    p.add_argument("-n", "--heads-qlen", nargs="+", type=_pair, default=DEFAULT_PAIRS,
+    p.add_argument("-n", "--heads-qlen", nargs="+", action=_Extend, type=_pair, default=DEFAULT_PAIRS,
                    metavar="HEADS,QLEN", help="(heads, q length) pairs (default: 128,1)")
-    p.add_argument("-b", "--batch", nargs="+", type=_positive, default=DEFAULT_BATCHES,
+    p.add_argument("-b", "--batch", nargs="+", action=_Extend, type=_positive, default=DEFAULT_BATCHES,
                    help=f"batch sizes (default: {' '.join(map(str, DEFAULT_BATCHES))})")
-    p.add_argument("-c", "--ctx", nargs="+", type=_positive, default=DEFAULT_CTXS,
+    p.add_argument("-c", "--ctx", nargs="+", action=_Extend, type=_positive, default=DEFAULT_CTXS,
                    help=f"context lengths in tokens (default: {' '.join(map(str, DEFAULT_CTXS))})")
-    p.add_argument("--page-size", nargs="+", type=_page_size, default=DEFAULT_PAGE_SIZES,
+    p.add_argument("--page-size", nargs="+", action=_Extend, type=_page_size, default=DEFAULT_PAGE_SIZES,
                    help="KV page sizes (default: 64)")
     p.add_argument("-d", "--dtype", choices=DTYPES, default="fp8", help="Q dtype (default: fp8)")
     p.add_argument("-kvd", "--kv-dtype", choices=DTYPES, default="fp8",
@@ -160,6 +170,23 @@ def _select_mainloop(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _range_message(args: argparse.Namespace) -> str | None:
+    """The sweep's sizes against the int32 limits of the ops (token counts per request, pages
+    per batch in kv_indptr): a message for the first point past them, else None."""
+    limit = 2**31
+    for c in args.ctx:
+        if c >= limit:
+            return f"-c {c}: a request must have < 2**31 KV tokens (int32 token counts)"
+    for b in args.batch:
+        for c in args.ctx:
+            for page in args.page_size:
+                pages = b * -(-c // page)
+                if pages >= limit:
+                    return (f"-b {b} -c {c} --page-size {page}: {pages} KV pages in one batch; the "
+                            f"page counts (kv_indptr) are int32, so they must stay < 2**31")
+    return None
+
+
 def _default_jobs() -> int:
     """MAX_JOBS when set (> 0), as for ``jit build``; else min(8, CPUs)."""
     from .. import env
@@ -172,6 +199,14 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``aiter-mla bench``; returns the exit status."""
     if getattr(args, "jobs", None) is None:
         args.jobs = _default_jobs()
+    message = _range_message(args)
+    if message:   # also under --compile-only: a sweep the GPU run would refuse fails here first
+        print(f"aiter-mla bench: {message}", file=sys.stderr)
+        return 2
+    if args.dtype != args.kv_dtype:   # -kvd defaults to fp8, so "-d bf16" alone lands here
+        print(f"aiter-mla bench: -d {args.dtype} with -kvd {args.kv_dtype}: the kernels take Q and "
+              f"KV of one dtype (fp8/fp8 or bf16/bf16); add -kvd {args.dtype}", file=sys.stderr)
+        return 2
     message = _select_mainloop(args)
     if message:
         print(f"aiter-mla bench: {message}", file=sys.stderr)

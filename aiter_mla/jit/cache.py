@@ -78,9 +78,11 @@ class Corrupt:
 
 
 def default_root() -> Path:
-    """``$XDG_CACHE_HOME/aiter_mla`` if that is set, else ``~/.cache/aiter_mla``."""
+    """``$XDG_CACHE_HOME/aiter_mla`` if that is set to an absolute path (the XDG spec says a
+    relative one is to be ignored: it would put the cache under whatever folder the process
+    starts in), else ``~/.cache/aiter_mla``."""
     xdg = env.get("XDG_CACHE_HOME")
-    if xdg:
+    if xdg and os.path.isabs(xdg):
         return Path(xdg) / "aiter_mla"
     home = env.get("HOME") or os.path.expanduser("~")
     return Path(home) / ".cache" / "aiter_mla"
@@ -200,6 +202,11 @@ def _filelock_kwargs() -> dict:
     if "fallback_to_soft" in params:
         kw["fallback_to_soft"] = False  # a soft lock judges liveness by pid: never
     return kw
+
+
+def is_cache_key(name: str) -> bool:
+    """Whether ``name`` has the form of a cache key: a sha256 hex digest (:mod:`.key`)."""
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
 
 
 class Cache:
@@ -422,10 +429,16 @@ class Cache:
 
     # ----- listing, clearing, gc
     def entries(self) -> list[dict]:
-        """Every published entry: key, path, bytes, last use, meta (None if unreadable)."""
+        """Every published entry: key, path, bytes, last use, meta (None if unreadable).
+
+        Only folders named by a cache key (64 lowercase hex digits) are entries: anything else
+        under ``entries/`` (a ``.DS_Store``, a user's folder when the cache variable points at an
+        existing directory) is neither listed nor ever removed by ``clear`` / ``gc``."""
         out = []
         with contextlib.suppress(FileNotFoundError):
             for d in sorted((self.root / "entries").iterdir()):
+                if not is_cache_key(d.name) or d.is_symlink() or not d.is_dir():
+                    continue
                 try:
                     meta = json.loads((d / META).read_text())
                 except (OSError, ValueError):
@@ -468,7 +481,7 @@ class Cache:
         with contextlib.suppress(FileNotFoundError):
             for d in (self.root / "staging").iterdir():
                 key = d.name.split(".", 1)[0]
-                if len(key) != 64:
+                if not is_cache_key(key):
                     continue
                 lk = self.try_lock(key)
                 if lk is not None:

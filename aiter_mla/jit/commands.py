@@ -366,7 +366,7 @@ def cmd_info(args) -> int:
     toolchains = {}
     for arch in ARCHS:
         try:
-            c = find_compiler(arch, st.cache.toolchains_dir)
+            c = find_compiler(arch, None)   # probed afresh: info writes nothing into the cache
             toolchains[arch] = {"kind": c.kind, "path": c.path, "loadable": c.loadable,
                                 "version": _version_line(c.version)}
         except ToolchainError as exc:
@@ -377,10 +377,17 @@ def cmd_info(args) -> int:
         try:
             co = third_party.resolve(pin, st.cache, allow_fetch=False)
             entry.update(status="ok", path=str(co.path), origin=co.origin)
-        except third_party.ThirdPartyError as exc:
+        except (third_party.ThirdPartyError, OSError) as exc:
             entry.update(status="not available", detail=str(exc))
         pins[name] = entry
-    entries = st.cache.entries()
+    # A broken cache root is what one runs info for: report it on the cache line, not instead
+    # of everything else.
+    cache_error = None
+    try:
+        entries = st.cache.entries()
+        total = st.cache.total_bytes() if st.cache.root.exists() else 0
+    except OSError as exc:
+        entries, total, cache_error = [], 0, f"unreadable: {exc.strerror or exc}"
     info = {
         "versions": _versions(),
         "archs": {"all": list(ARCHS), "nvidia": list(NVIDIA_ARCHS), "amd": list(AMD_ARCHS)},
@@ -388,7 +395,7 @@ def cmd_info(args) -> int:
         "gpu": _gpu(),
         "cache": {"root": str(st.cache.root), "explicit": st.cache.explicit,
                   "entries": len(entries), "entry_bytes": sum(e["bytes"] for e in entries),
-                  "total_bytes": st.cache.total_bytes() if st.cache.root.exists() else 0},
+                  "total_bytes": total, "error": cache_error},
         "config": str(cfg.path), "templates": str(templates_dir()),
         "experimental_enabled": is_experimental_enabled(),
         "third_party": pins,
@@ -416,8 +423,8 @@ def cmd_info(args) -> int:
     else:
         print(f"gpu: none ({g['reason']})")
     c = info["cache"]
-    print(f"cache: {c['root']} ({'AITER_MLA_CACHE_DIR' if c['explicit'] else 'default'}), "
-          f"{c['entries']} entries, {c['total_bytes']} bytes")
+    state = c["error"] or f"{c['entries']} entries, {c['total_bytes']} bytes"
+    print(f"cache: {c['root']} ({'AITER_MLA_CACHE_DIR' if c['explicit'] else 'default'}), {state}")
     print(f"config: {info['config']}; templates: {info['templates']}; experimental: "
           f"{'on' if info['experimental_enabled'] else 'off'}")
     for name, p in pins.items():

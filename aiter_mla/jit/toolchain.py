@@ -167,6 +167,16 @@ def _find_clang() -> str | None:
     return shutil.which("clang-19")
 
 
+#: Oldest nvcc the sm_90a templates are built with (README: CUDA 12.3+).
+MIN_NVCC_RELEASE = (12, 3)
+
+
+def nvcc_release(version_text: str) -> tuple[int, int] | None:
+    """(major, minor) from ``nvcc --version`` output (``Cuda compilation tools, release 13.0``)."""
+    m = re.search(r"release (\d+)\.(\d+)", version_text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def clang_major(version_text: str) -> int | None:
     """The major version in ``clang --version`` output (``Debian clang version 19.1.7``)."""
     m = re.search(r"clang version (\d+)", version_text)
@@ -181,7 +191,16 @@ def find_compiler(arch: str, identity_dir: Path | None) -> Compiler:
     """
     if arch in NVIDIA_ARCHS:
         path = _find_nvcc()
-        return Compiler("nvcc", path, compiler_version(path, identity_dir))
+        version = compiler_version(path, identity_dir)
+        release = nvcc_release(version)
+        if release is None or release < MIN_NVCC_RELEASE:
+            found = "names no CUDA release" if release is None else f"is CUDA {release[0]}.{release[1]}"
+            raise ToolchainError(
+                f"nvcc at {path} {found} (--version: {version.strip().splitlines()[-1][:120]!r}); "
+                f"sm_90a modules need CUDA {MIN_NVCC_RELEASE[0]}.{MIN_NVCC_RELEASE[1]} or newer: "
+                f"set AITER_MLA_NVCC to a newer nvcc, or CUDA_HOME to its toolkit root"
+            )
+        return Compiler("nvcc", path, version)
     if arch not in AMD_ARCHS:
         raise ToolchainError(f"no toolchain for arch {arch!r}")
     hipcc = _find_hipcc()

@@ -111,6 +111,13 @@ def _unsupported_modes(*, is_sparse: bool, fast_mode: bool, intra_batch_mode: bo
                                   "use fast_mode=True")
 
 
+def _check_heads(name: str, value) -> None:
+    """The query-head count under the caller's argument name (check_scalars says num_heads)."""
+    check_int(name, value)
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
 def _check_dtype_args(**dtypes) -> None:
     """Each given dtype is None or one the decode kernels take (``decode.SUPPORTED_DTYPES``)."""
     import torch
@@ -161,6 +168,7 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     _check_dtype_args(q_dtype=q_dtype, kv_dtype=kv_dtype)
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
+    _check_heads("num_head_qo", num_head_qo)
     check_scalars(num_heads=num_head_qo, num_clusters=1, page_size=1, kv_granularity=1,
                   max_seqlen_qo=max_seqlen_qo, max_split_per_batch=-1)
     nc = _arch.num_clusters(num_head_qo, max_seqlen_qo)
@@ -368,7 +376,8 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     elif uni_seqlen_qo is not None and uni_seqlen_qo > 0 and uni_seqlen_qo != max_seqlen_qo:
         raise ValueError(f"uni_seqlen_qo={uni_seqlen_qo} (uniform q length) must equal "
                          f"max_seqlen_qo={max_seqlen_qo}")
-    check_int("num_heads_per_head_k", num_heads_per_head_k)
+    check_int("max_seqlen_qo", max_seqlen_qo)
+    _check_heads("num_heads_per_head_k", num_heads_per_head_k)
     check_int("num_heads_k", num_heads_k)
     if num_heads_k < 1:
         raise ValueError(f"num_heads_k must be >= 1, got {num_heads_k}")

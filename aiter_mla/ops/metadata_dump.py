@@ -16,6 +16,8 @@ from ..work_info import WI
 #: Upper bound of --clusters: 2 x CU_NUM's bound (m16x4 runs two clusters per CU); a typo such
 #: as 2000000000 would otherwise size the schedule's buffers in the billions.
 MAX_CLUSTERS = 2 * env.registry()["CU_NUM"].maximum
+#: Upper bound of --batch: a typo such as 100000000 ran for ~10 minutes in tens of GB.
+MAX_BATCH = 1 << 20
 
 
 def _int_list(text: str, name: str) -> list[int]:
@@ -54,8 +56,9 @@ def build(args):
     from .metadata import default_kv_granularity
     from .metadata_reference import reference_schedule
 
-    if args.batch < 0:
-        raise ValueError(f"--batch must be >= 0, got {args.batch}")
+    if not 0 <= args.batch <= MAX_BATCH:
+        raise ValueError(f"--batch must be in [0, {MAX_BATCH}] (the schedule is planned by the CPU "
+                         f"reference in Python: 10**6 requests take ~6 s and ~0.9 GB), got {args.batch}")
     ps = args.page_size
     G = default_kv_granularity(ps) if args.kv_granularity is None else args.kv_granularity
     tokens = _lengths(args.ctx, args.batch, args.seed)
