@@ -105,6 +105,7 @@ def test_bad_explicit_compiler_path_is_named(jit_clean, monkeypatch, tmp_path):
 @pytest.mark.parametrize("banner,needle", [
     ("Cuda compilation tools, release 11.0, V11.0.194", "is CUDA 11.0"),
     ("hello", "names no CUDA release"),
+    ("", "names no CUDA release"),
 ])
 def test_old_or_unknown_nvcc_is_refused(jit_clean, monkeypatch, tmp_path, banner, needle):
     """README asks for CUDA 12.3+; an older nvcc was accepted and would fail later with its own

@@ -196,7 +196,7 @@ def find_compiler(arch: str, identity_dir: Path | None) -> Compiler:
         if release is None or release < MIN_NVCC_RELEASE:
             found = "names no CUDA release" if release is None else f"is CUDA {release[0]}.{release[1]}"
             raise ToolchainError(
-                f"nvcc at {path} {found} (--version: {version.strip().splitlines()[-1][:120]!r}); "
+                f"nvcc at {path} {found} (--version: {(version.strip().splitlines() or [''])[-1][:120]!r}); "
                 f"sm_90a modules need CUDA {MIN_NVCC_RELEASE[0]}.{MIN_NVCC_RELEASE[1]} or newer: "
                 f"set AITER_MLA_NVCC to a newer nvcc, or CUDA_HOME to its toolkit root"
             )
