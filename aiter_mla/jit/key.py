@@ -3,7 +3,8 @@
 The manifest holds only inputs that change the artifact (DESIGN §3):
 
 - key schema version, package version and a hash of the code that shapes a build
-  (render.py, key.py, toolchain.py and work_info.py, whose constants every template gets);
+  (render.py, key.py, toolchain.py, and work_info.py, ops/metadata_reference.py and arch.py,
+  whose constants every template gets);
 - module name and parameters, the template's bytes, the rendered source's hash, and the hash
   of every header under ``templates/`` that the source includes;
 - pinned third-party libraries the module lists: commit and tree hash;
@@ -33,7 +34,11 @@ from .toolchain import KEY_ENV, Compiler
 
 KEY_SCHEMA = 1
 
-_CODEGEN_FILES = ("jit/render.py", "jit/key.py", "jit/toolchain.py", "work_info.py")
+# work_info.py, ops/metadata_reference.py and arch.py give render.py the templates' constants
+# (WI_*, WHOLE_BATCH_SLACK, the NVIDIA arch list): the lookup id must change with them, or a
+# warm hit would load a library rendered with the old values.
+_CODEGEN_FILES = ("jit/render.py", "jit/key.py", "jit/toolchain.py", "work_info.py",
+                  "ops/metadata_reference.py", "arch.py")
 _codegen: list[str] = []
 
 

@@ -2,8 +2,9 @@
 but the variant does not define is an error, never an empty string).
 
 What a template sees: its module's parameters (``arch``, ``block_m``, ...), ``module`` (the
-module name), ``arch_family`` (``"nvidia"`` or ``"amd"``) and the work-record indices
-``WI_*`` / ``WORK_INFO_INTS`` from :mod:`aiter_mla.work_info`.
+module name), ``arch_family`` (``"nvidia"`` or ``"amd"``), the work-record indices
+``WI_*`` / ``WORK_INFO_INTS`` from :mod:`aiter_mla.work_info` and ``WHOLE_BATCH_SLACK`` from
+:mod:`aiter_mla.ops.metadata_reference` (:func:`template_globals`).
 """
 from __future__ import annotations
 

@@ -575,7 +575,10 @@ def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, k
 
     Raises TypeError / ValueError naming the argument for bad dtypes, devices, layouts, shapes or
     index values (eager only), NotImplementedError for unsupported shapes/dtypes, RuntimeError
-    when the launch fails or a never-launched variant is first used inside CUDA-graph capture.
+    when the launch fails or a never-launched variant is first used inside CUDA-graph capture,
+    and the JIT errors of :func:`aiter_mla.jit.get_module` on a variant's first use in a process
+    (all RuntimeError subclasses: ToolchainError, BuildError, CacheNotWritableError,
+    LockTimeoutError, JitDisabledError, ModuleLoadError).
 
     Source: AITER #3072 ``hk_mla_decode_fwd`` (``csrc/kernels/mla/hk_decode_fwd.cu``), spec
     sections 6.1-6.6, plus the fixes of spec 3.5 / 5.6 and honoured scales.
@@ -630,7 +633,11 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
         final_lse = [total_q, H] fp32 when return_lse else None.
 
     Raises ValueError / TypeError naming the argument, NotImplementedError for unsupported
-    shapes or dtypes (listing what is supported).
+    shapes or dtypes (listing what is supported), RuntimeError when a launch (metadata, decode
+    or reduce) fails or a variant is first used inside CUDA-graph capture, and the
+    JIT errors of :func:`aiter_mla.jit.get_module` on a variant's first use in a process (all
+    RuntimeError subclasses: ToolchainError, BuildError, CacheNotWritableError,
+    LockTimeoutError, JitDisabledError, ModuleLoadError).
 
     Source: AITER #3072 ``aiter/mla.py`` ``mla_decode_fwd`` (spec section 3.3 steps C-E; no head
     folding: every supported shape runs natively, which avoids the (64,2) fold mismatch of 3.5).

@@ -359,8 +359,13 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     AITER's serial greedy, with the fixes listed in :mod:`aiter_mla.ops.metadata_reference`.
 
     Raises NotImplementedError for ``topk >= 0``, ``intra_batch_mode``, ``fast_mode=False``,
-    ``num_heads_k != 1`` or ``num_heads_per_head_k * max_seqlen_qo > 128``; ValueError / TypeError for bad arguments
-    (named, with expected and actual values) or buffers too small for this input.
+    ``num_heads_k != 1`` or ``num_heads_per_head_k * max_seqlen_qo > 128``; ValueError /
+    TypeError for bad arguments (named, with expected and actual values) or buffers too small
+    for this input; RuntimeError
+    when the cluster count cannot be known (CPU tensors, no visible GPU and ``CU_NUM`` unset) or
+    the launch fails, and on CUDA the JIT errors of :func:`aiter_mla.jit.get_module` on a
+    variant's first use in a process (all RuntimeError subclasses: ToolchainError, BuildError,
+    CacheNotWritableError, LockTimeoutError, JitDisabledError, ModuleLoadError).
     """
     import torch
 

@@ -182,7 +182,9 @@ def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map,
     Raises:
         TypeError / ValueError naming the argument with expected and actual values (dtype,
         device, contiguity, shape); checks are skipped while a CUDA graph is being captured.
-        RuntimeError if the launch fails.
+        RuntimeError if the launch fails; on the reduce module's first use in a process, the
+        JIT errors of :func:`aiter_mla.jit.get_module` (RuntimeError subclasses: ToolchainError,
+        BuildError, CacheNotWritableError, LockTimeoutError, JitDisabledError, ModuleLoadError).
         A schedule that points outside its buffers is never read out of bounds: the affected
         rows come out NaN instead.
 
