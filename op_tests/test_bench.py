@@ -593,8 +593,10 @@ def test_mainloop_flag_selects_the_ops_loop_or_refuses(monkeypatch, capsys):
     for argv, needle in [(["--mainloop", "tma"], "must be one of"),
                          (["-d", "bf16", "-kvd", "bf16", "--mainloop", "wgmma_ot"], "has kernels for kv dtypes"),
                          (["-d", "bf16"], "-d bf16 with -kvd fp8: the kernels take Q and KV of one dtype"),
+                         (["-kvd", "bf16"], "give -d and -kvd the same value"),
+                         (["-b", "1", "-c", "1000000000", "--varlen"], "--varlen draws up to 8 x ctx"),
                          (["-b", "1", "-c", "3000000000"], "a request must have < 2**31 KV tokens"),
-                         (["-b", "1000000000", "-c", "21", "--page-size", "1"], "21000000000 KV pages")]:
+                         (["-b", "1000000000", "-c", "21", "--page-size", "1"], "up to 21000000000 KV pages")]:
         assert commands.run(parser.parse_args(["--compile-only", *argv])) == 2
         assert needle in capsys.readouterr().err
 

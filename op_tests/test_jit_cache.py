@@ -525,6 +525,13 @@ def test_foreign_things_under_entries_are_left_alone(fake_jit, capsys):
     (entries / ".DS_Store").write_text("x")
     (entries / "my_notes").mkdir()
     (entries / "my_notes" / "n.txt").write_text("data")
+    # a user's folder as the root may have its own trash/, failed/, index/ (gc and clear --all
+    # deleted them)
+    theirs = [fake_jit.root / "trash" / "old" / "photo", fake_jit.root / "failed" / "x" / "y",
+              fake_jit.root / "index" / "notes.txt"]
+    for f in theirs:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("mine")
     assert [e["key"] for e in Cache(fake_jit.root, True).entries()] == [key]
     assert main(["jit", "list"]) == 0
     assert main(["jit", "gc", "--max-bytes", "0"]) == 0
@@ -534,6 +541,7 @@ def test_foreign_things_under_entries_are_left_alone(fake_jit, capsys):
     assert "removed 1 entry" in capsys.readouterr().out
     assert (entries / ".DS_Store").read_text() == "x"
     assert (entries / "my_notes" / "n.txt").read_text() == "data"
+    assert all(f.read_text() == "mine" for f in theirs)
 
 
 def test_default_root_ignores_a_relative_xdg_cache_home(monkeypatch, tmp_path):
@@ -563,8 +571,16 @@ def test_info_reports_a_broken_cache_root_and_writes_nothing(jit_clean, monkeypa
     monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(fresh))
     core.reset_state()
     assert main(["info"]) == 0
-    assert f"cache: {fresh} (AITER_MLA_CACHE_DIR), 0 entries" in capsys.readouterr().out
+    assert (f"cache: {fresh} (AITER_MLA_CACHE_DIR), 0 entries, 0 bytes; does not exist yet"
+            in capsys.readouterr().out)
     assert not fresh.exists()
+    # a read-only root (as root user, only a read-only mount does it: os.access stands in)
+    fresh.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if (mode == os.W_OK and str(p) == str(fresh))
+                        else real_access(p, mode, **kw))
+    assert main(["info"]) == 0
+    assert "0 entries, 0 bytes; not writable: builds fail (AITER_MLA_CACHE_DIR)" in capsys.readouterr().out
 
 
 def test_staging_is_on_the_cache_filesystem(fake_jit):

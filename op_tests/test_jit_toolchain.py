@@ -106,15 +106,30 @@ def test_bad_explicit_compiler_path_is_named(jit_clean, monkeypatch, tmp_path):
     ("Cuda compilation tools, release 11.0, V11.0.194", "is CUDA 11.0"),
     ("hello", "names no CUDA release"),
     ("", "names no CUDA release"),
+    ("\\377\\376 release 11.0", "is CUDA 11.0"),   # not UTF-8: info and builds crashed decoding it
 ])
 def test_old_or_unknown_nvcc_is_refused(jit_clean, monkeypatch, tmp_path, banner, needle):
     """README asks for CUDA 12.3+; an older nvcc was accepted and would fail later with its own
     architecture error."""
     nvcc = tmp_path / "nvcc"
-    nvcc.write_text(f"#!/bin/sh\necho '{banner}'\n")
+    nvcc.write_text(f"#!/bin/sh\nprintf '{banner}\\n'\n")
     nvcc.chmod(0o755)
     monkeypatch.setenv("AITER_MLA_NVCC", str(nvcc))
     with pytest.raises(ToolchainError, match=f"nvcc at {nvcc} {needle}.*need CUDA 12.3 or newer.*AITER_MLA_NVCC"):
+        find_compiler("sm_90a", None)
+
+
+def test_compiler_variable_may_be_a_bare_name(jit_clean, monkeypatch, tmp_path):
+    """AITER_MLA_NVCC=nvcc said "'nvcc' is not an executable file"; a bare name is looked up on
+    PATH."""
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("AITER_MLA_NVCC", "nvcc")
+    assert find_compiler("sm_90a", None).path == str(nvcc)
+    monkeypatch.setenv("AITER_MLA_NVCC", "nvcc-nowhere")
+    with pytest.raises(ToolchainError, match="AITER_MLA_NVCC='nvcc-nowhere' is not an executable"):
         find_compiler("sm_90a", None)
 
 

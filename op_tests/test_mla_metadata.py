@@ -582,6 +582,14 @@ def test_op_argument_checks(monkeypatch):
         call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, heads=0)
     with pytest.raises(ValueError, match="num_head_qo must be >= 1, got 0"):
         md.get_mla_metadata_info_v1(2, 1, 0, None, None)
+    with pytest.raises(NotImplementedError, match=r"num_head_qo \* max_seqlen_qo = 129 \* 1"):
+        md.get_mla_metadata_info_v1(2, 1, 129, None, None)
+    with pytest.raises(NotImplementedError, match=r"num_heads_per_head_k \* max_seqlen_qo = 256 \* 1"):
+        call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, heads=256)
+    with pytest.raises(TypeError, match="uni_seqlen_qo must be an int, got float 1.5"):
+        call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=-1, uni_seqlen_qo=1.5)
+    with pytest.raises(ValueError, match="got max_seqlen_qo=0, uni_seqlen_qo=-1"):
+        call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=0)
     # two KV heads: AITER would halve the clusters; the decode op has one KV head and refused
     # the plan only later, at the decode call
     bufs = alloc(info)

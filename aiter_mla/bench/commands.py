@@ -173,17 +173,22 @@ def _select_mainloop(args: argparse.Namespace) -> str | None:
 def _range_message(args: argparse.Namespace) -> str | None:
     """The sweep's sizes against the int32 limits of the ops (token counts per request, pages
     per batch in kv_indptr): a message for the first point past them, else None."""
+    from .inputs import VARLEN_MAX_FACTOR
+
     limit = 2**31
+    # --varlen draws lengths up to VARLEN_MAX_FACTOR x ctx; the bound is checked at that length
+    most = VARLEN_MAX_FACTOR if getattr(args, "varlen", False) else 1
+    what = f" (--varlen draws up to {VARLEN_MAX_FACTOR} x ctx)" if most > 1 else ""
     for c in args.ctx:
-        if c >= limit:
-            return f"-c {c}: a request must have < 2**31 KV tokens (int32 token counts)"
+        if c * most >= limit:
+            return f"-c {c}: a request must have < 2**31 KV tokens (int32 token counts){what}"
     for b in args.batch:
         for c in args.ctx:
             for page in args.page_size:
-                pages = b * -(-c // page)
+                pages = b * -(-c * most // page)
                 if pages >= limit:
-                    return (f"-b {b} -c {c} --page-size {page}: {pages} KV pages in one batch; the "
-                            f"page counts (kv_indptr) are int32, so they must stay < 2**31")
+                    return (f"-b {b} -c {c} --page-size {page}: up to {pages} KV pages in one batch"
+                            f"{what}; the page counts (kv_indptr) are int32, so they must stay < 2**31")
     return None
 
 
@@ -205,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.dtype != args.kv_dtype:   # -kvd defaults to fp8, so "-d bf16" alone lands here
         print(f"aiter-mla bench: -d {args.dtype} with -kvd {args.kv_dtype}: the kernels take Q and "
-              f"KV of one dtype (fp8/fp8 or bf16/bf16); add -kvd {args.dtype}", file=sys.stderr)
+              f"KV of one dtype (fp8/fp8 or bf16/bf16; both flags default to fp8): give -d and "
+              f"-kvd the same value", file=sys.stderr)
         return 2
     message = _select_mainloop(args)
     if message:

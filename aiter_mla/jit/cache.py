@@ -204,6 +204,15 @@ def _filelock_kwargs() -> dict:
     return kw
 
 
+def _remove_path(path: Path) -> None:
+    """rmtree for a folder, unlink for anything else (a file or a link); errors ignored."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
 def is_cache_key(name: str) -> bool:
     """Whether ``name`` has the form of a cache key: a sha256 hex digest (:mod:`.key`)."""
     return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
@@ -489,15 +498,27 @@ class Cache:
                         shutil.rmtree(d, ignore_errors=True)
                     finally:
                         lk.release()
+        # Only what this package names (a key, or a key and a suffix): the root may be a
+        # user's existing folder that already had a trash/ or an index/ of its own.
         with contextlib.suppress(FileNotFoundError):
             for d in (self.root / "trash").iterdir():
-                shutil.rmtree(d, ignore_errors=True)
+                if is_cache_key(d.name.split(".", 1)[0]):
+                    _remove_path(d)
         with contextlib.suppress(FileNotFoundError):
             for f in (self.root / "index").iterdir():
+                if not is_cache_key(f.name):
+                    continue
                 key = self.read_index(f.name)
                 if key is None or not self.entry_dir(key).exists():
                     with contextlib.suppress(OSError):
                         f.unlink()
+
+    def clear_failed(self) -> None:
+        """Delete the kept sources of failed builds (``failed/<key>``), nothing else there."""
+        with contextlib.suppress(FileNotFoundError):
+            for d in (self.root / "failed").iterdir():
+                if is_cache_key(d.name):
+                    _remove_path(d)
 
     def gc(self, max_bytes: int) -> dict:
         """Evict least-recently-used entries until the entries total at most ``max_bytes``;

@@ -288,9 +288,7 @@ def cmd_clear(args) -> int:
         else:
             skipped.append(meta.get("variant") or e["key"])
     if args.all:
-        import shutil
-
-        shutil.rmtree(cache.root / "failed", ignore_errors=True)
+        cache.clear_failed()
     if cache.root.exists():
         cache.sweep()
     print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} ({freed} bytes) from "
@@ -388,6 +386,13 @@ def cmd_info(args) -> int:
         total = st.cache.total_bytes() if st.cache.root.exists() else 0
     except OSError as exc:
         entries, total, cache_error = [], 0, f"unreadable: {exc.strerror or exc}"
+    cache_note = None
+    if cache_error is None:
+        if not st.cache.root.exists():
+            cache_note = "does not exist yet (the first build makes it)"
+        elif not os.access(st.cache.root, os.W_OK):
+            cache_note = ("not writable: builds fail (AITER_MLA_CACHE_DIR)" if st.cache.explicit else
+                          "not writable: builds go to the per-user temp fallback")
     info = {
         "versions": _versions(),
         "archs": {"all": list(ARCHS), "nvidia": list(NVIDIA_ARCHS), "amd": list(AMD_ARCHS)},
@@ -395,7 +400,7 @@ def cmd_info(args) -> int:
         "gpu": _gpu(),
         "cache": {"root": str(st.cache.root), "explicit": st.cache.explicit,
                   "entries": len(entries), "entry_bytes": sum(e["bytes"] for e in entries),
-                  "total_bytes": total, "error": cache_error},
+                  "total_bytes": total, "error": cache_error, "note": cache_note},
         "config": str(cfg.path), "templates": str(templates_dir()),
         "experimental_enabled": is_experimental_enabled(),
         "third_party": pins,
@@ -423,7 +428,8 @@ def cmd_info(args) -> int:
     else:
         print(f"gpu: none ({g['reason']})")
     c = info["cache"]
-    state = c["error"] or f"{c['entries']} entries, {c['total_bytes']} bytes"
+    state = c["error"] or f"{c['entries']} entries, {c['total_bytes']} bytes" + (
+        f"; {c['note']}" if c["note"] else "")
     print(f"cache: {c['root']} ({'AITER_MLA_CACHE_DIR' if c['explicit'] else 'default'}), {state}")
     print(f"config: {info['config']}; templates: {info['templates']}; experimental: "
           f"{'on' if info['experimental_enabled'] else 'off'}")

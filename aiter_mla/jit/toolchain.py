@@ -124,8 +124,16 @@ def _first_executable(candidates: list[tuple[str, str | None]]) -> tuple[str, st
     return None
 
 
+def _explicit_tool(var: str) -> str | None:
+    """The compiler ``var`` names: a path, or a bare name (``nvcc``) looked up on PATH."""
+    value = env.get(var)
+    if value and os.sep not in value:
+        return shutil.which(value) or value   # not found: the caller names the variable
+    return value
+
+
 def _find_nvcc() -> str:
-    explicit = env.get("AITER_MLA_NVCC")
+    explicit = _explicit_tool("AITER_MLA_NVCC")
     if explicit:
         if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
             raise ToolchainError(f"AITER_MLA_NVCC={explicit!r} is not an executable file")
@@ -144,7 +152,7 @@ def _find_nvcc() -> str:
 
 
 def _find_hipcc() -> str | None:
-    explicit = env.get("AITER_MLA_HIPCC")
+    explicit = _explicit_tool("AITER_MLA_HIPCC")
     if explicit:
         if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
             raise ToolchainError(f"AITER_MLA_HIPCC={explicit!r} is not an executable file")
@@ -159,7 +167,7 @@ def _find_hipcc() -> str | None:
 
 
 def _find_clang() -> str | None:
-    explicit = env.get("AITER_MLA_CLANG")
+    explicit = _explicit_tool("AITER_MLA_CLANG")
     if explicit:
         if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
             raise ToolchainError(f"AITER_MLA_CLANG={explicit!r} is not an executable file")
@@ -282,8 +290,9 @@ def compiler_version(path: str, identity_dir: Path | None) -> str:
     import subprocess
 
     try:
-        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=120,
-                              env=env.child_environ())
+        # errors="replace": a banner that is not UTF-8 is still a banner to report, not a crash
+        proc = subprocess.run([path, "--version"], capture_output=True, text=True, errors="replace",
+                              timeout=30, env=env.child_environ())
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ToolchainError(f"could not run {path} --version: {exc}") from None
     if proc.returncode != 0:

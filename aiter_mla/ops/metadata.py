@@ -170,7 +170,7 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
     _check_heads("num_head_qo", num_head_qo)
     check_scalars(num_heads=num_head_qo, num_clusters=1, page_size=1, kv_granularity=1,
-                  max_seqlen_qo=max_seqlen_qo, max_split_per_batch=-1)
+                  max_seqlen_qo=max_seqlen_qo, max_split_per_batch=-1, heads_name="num_head_qo")
     nc = _arch.num_clusters(num_head_qo, max_seqlen_qo)
     if max_works(batch_size, nc) > INT32_MAX:
         # work and reduce-entry indices are int32 in every buffer and kernel
@@ -376,7 +376,9 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
         if uni_seqlen_qo is None or uni_seqlen_qo <= 0:
             raise ValueError(
                 "max_seqlen_qo (or uni_seqlen_qo) must be given as a positive int; reading it "
-                "from seqlens_qo_indptr would need a host synchronisation")
+                "from seqlens_qo_indptr would need a host synchronisation; got max_seqlen_qo="
+                f"{max_seqlen_qo!r}, uni_seqlen_qo={uni_seqlen_qo!r}")
+        check_int("uni_seqlen_qo", uni_seqlen_qo)
         max_seqlen_qo = uni_seqlen_qo
     elif uni_seqlen_qo is not None and uni_seqlen_qo > 0 and uni_seqlen_qo != max_seqlen_qo:
         raise ValueError(f"uni_seqlen_qo={uni_seqlen_qo} (uniform q length) must equal "
@@ -412,7 +414,7 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
                             device=device if device.type == "cuda" else None)
     check_scalars(num_heads=num_heads_per_head_k, num_clusters=nc, page_size=page_size,
                   kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
-                  max_split_per_batch=max_split_per_batch)
+                  max_split_per_batch=max_split_per_batch, heads_name="num_heads_per_head_k")
     nsplit = num_splits_for(nc, max_split_per_batch, nb)
 
     # The sizes follow the batch count and the work-list count, which the heads, the q length

@@ -95,23 +95,23 @@ def check_int(name: str, value) -> None:
 
 
 def check_scalars(*, num_heads: int, num_clusters: int, page_size: int, kv_granularity: int,
-                  max_seqlen_qo: int, max_split_per_batch: int) -> None:
+                  max_seqlen_qo: int, max_split_per_batch: int, heads_name: str = "num_heads") -> None:
     """Raise TypeError / ValueError / NotImplementedError for scalar arguments outside what the
     scheduler supports (shared by the reference and the device op, so both reject the same
-    inputs)."""
-    for name, value in (("num_heads", num_heads), ("num_clusters", num_clusters),
+    inputs). ``heads_name``: the caller's name for the head count, used in the messages."""
+    for name, value in ((heads_name, num_heads), ("num_clusters", num_clusters),
                         ("page_size", page_size), ("kv_granularity", kv_granularity),
                         ("max_seqlen_qo", max_seqlen_qo),
                         ("max_split_per_batch", max_split_per_batch)):
         check_int(name, value)
     if num_heads < 1:
-        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+        raise ValueError(f"{heads_name} must be >= 1, got {num_heads}")
     if max_seqlen_qo < 1:
         raise ValueError(
             f"max_seqlen_qo must be >= 1 (the largest q length of any batch), got {max_seqlen_qo}")
     if num_heads * max_seqlen_qo > MAX_TILE_ROWS:
         raise NotImplementedError(
-            f"num_heads * max_seqlen_qo = {num_heads} * {max_seqlen_qo} = "
+            f"{heads_name} * max_seqlen_qo = {num_heads} * {max_seqlen_qo} = "
             f"{num_heads * max_seqlen_qo} > {MAX_TILE_ROWS}: more than one qo tile per batch "
             "(AITER kQoSplits) is not supported")
     if num_clusters < 1:
