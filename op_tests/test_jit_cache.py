@@ -291,11 +291,11 @@ def test_warm_hit_in_new_process_starts_no_subprocess(fake_jit):
     assert fake_jit.started() == 1
 
 
-def _readonly_child(fake_jit, ro_dirs, code, extra_env=None):
-    """Run ``code`` in a child that sees ``ro_dirs`` read-only: a private read-only bind
-    mount for root (chmod does not stop root), chmod 0555 otherwise."""
+def _readonly_child(fake_jit, ro_dirs, code, extra_env=None, argv=()):
+    """Run ``code`` (with ``argv`` as sys.argv[1:]) in a child that sees ``ro_dirs`` read-only:
+    a private read-only bind mount for root (chmod does not stop root), chmod 0555 otherwise."""
     env = {**fake_jit.env, **(extra_env or {})}
-    py = [sys.executable, "-c", textwrap.dedent(code)]
+    py = [sys.executable, "-c", textwrap.dedent(code), *argv]
     if os.geteuid() != 0:
         for d in ro_dirs:
             os.chmod(d, 0o555)
@@ -369,6 +369,30 @@ def test_read_only_default_root_later_processes_find_the_fallback(fake_jit, tmp_
         print(commands._cache_status("fake", dict(arch="sm_90a", n=1, flavor="a"))[0])
     """, env)
     assert listed.returncode == 0 and listed.stdout.strip() == "cached", (listed.stdout, listed.stderr)
+
+
+def test_read_only_default_root_clear_gc_and_info_cover_the_fallback(fake_jit, tmp_path):
+    """With the default root read-only, lookups and `jit list` used the per-user fallback but
+    info, clear and gc did not: clear said "removed 0 entries" and left the fallback's entry."""
+    home, tmpdir, env = _default_root_sandbox(fake_jit, tmp_path)
+    (home / ".cache" / "aiter_mla").mkdir(parents=True)   # an existing, read-only default root
+    first = _readonly_child(fake_jit, [home], CHILD_LOAD.format(n=1), env)
+    assert first.returncode == 0 and "building in" in first.stderr, first.stderr
+    fallback = tmpdir / f"aiter_mla-{os.getuid()}"
+    assert len(list(fallback.glob("entries/*/lib.so"))) == 1
+    cli = """
+        import sys
+        from aiter_mla.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """
+    run = lambda *argv: _readonly_child(fake_jit, [home], cli, env, argv)  # noqa: E731
+    info = run("info")
+    assert info.returncode == 0 and f"cache: {fallback} (per-user fallback, also read by lookups), 1 entries" in info.stdout, info.stdout
+    cleared = run("jit", "clear", "--all")
+    assert cleared.returncode == 0, cleared.stderr
+    assert "skipped" in cleared.stdout and "not writable" in cleared.stdout
+    assert "removed 1 entry" in cleared.stdout and str(fallback) in cleared.stdout, cleared.stdout
+    assert not list(fallback.glob("entries/*/lib.so"))
 
 
 def test_read_only_default_root_refuses_a_shared_fallback(fake_jit, tmp_path):

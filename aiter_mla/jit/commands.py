@@ -269,44 +269,66 @@ def cmd_list(args) -> int:
     return rc
 
 
+def _managed_caches() -> list:
+    """The roots ``clear`` and ``gc`` act on: every root lookups read (the default or
+    ``AITER_MLA_CACHE_DIR`` root, and a per-user fallback an earlier process built in while the
+    default root was read-only). A read-only default root is skipped with a note; a read-only
+    ``AITER_MLA_CACHE_DIR`` is an error (CacheNotWritableError naming it)."""
+    from .cache import CacheNotWritableError
+
+    st = core._get_state()
+    out = []
+    for cache in st.caches:
+        if not cache.root.exists():
+            continue
+        try:
+            cache.ensure_writable()   # a read-only root: one clear message, not a raw errno
+        except CacheNotWritableError:
+            if cache.explicit:
+                raise
+            print(f"skipped {cache.root}: not writable (the default root; builds go to the "
+                  f"per-user fallback)")
+            continue
+        out.append(cache)
+    if not out and not st.cache.root.exists():
+        out.append(st.cache)   # nothing built yet: report the root that would be used
+    return out
+
+
 def cmd_clear(args) -> int:
     if bool(args.module) == bool(args.all):
         raise ParamError("give a MODULE or --all, not both" if args.all else "give a MODULE or --all")
-    cache = core._get_state().cache
     if args.module:
         load_config().module(args.module)  # unknown names are an error
-    if cache.root.exists():
-        cache.ensure_writable()  # a read-only root: one clear message, not a raw errno
-    removed, skipped, freed = 0, [], 0
-    for e in cache.entries():
-        meta = e["meta"] or {}
-        if args.module and meta.get("module") != args.module:
-            continue
-        if cache.remove_entry(e["key"]):
-            removed += 1
-            freed += e["bytes"]
-        else:
-            skipped.append(meta.get("variant") or e["key"])
-    if args.all:
-        cache.clear_failed()
-    if cache.root.exists():
-        cache.sweep()
-    print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} ({freed} bytes) from "
-          f"{cache.root}; lock files are kept (removing one could let two builders in)")
-    for s in skipped:
-        print(f"skipped {s}: a build holds its lock")
+    for cache in _managed_caches():
+        removed, skipped, freed = 0, [], 0
+        for e in cache.entries():
+            meta = e["meta"] or {}
+            if args.module and meta.get("module") != args.module:
+                continue
+            if cache.remove_entry(e["key"]):
+                removed += 1
+                freed += e["bytes"]
+            else:
+                skipped.append(meta.get("variant") or e["key"])
+        if args.all:
+            cache.clear_failed()
+        if cache.root.exists():
+            cache.sweep()
+        print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} ({freed} bytes) from "
+              f"{cache.root}; lock files are kept (removing one could let two builders in)")
+        for s in skipped:
+            print(f"skipped {s}: a build holds its lock")
     return 0
 
 
 def cmd_gc(args) -> int:
-    cache = core._get_state().cache
-    if cache.root.exists():
-        cache.ensure_writable()
-    report = cache.gc(args.max_bytes)
-    print(f"removed {len(report['removed'])} entries ({report['freed_bytes']} bytes); "
-          f"{report['remaining_bytes']} bytes of entries remain in {cache.root}")
-    for k in report["skipped_locked"]:
-        print(f"skipped {k[:12]}: a build holds its lock")
+    for cache in _managed_caches():   # --max-bytes applies to each root
+        report = cache.gc(args.max_bytes)
+        print(f"removed {len(report['removed'])} entries ({report['freed_bytes']} bytes); "
+              f"{report['remaining_bytes']} bytes of entries remain in {cache.root}")
+        for k in report["skipped_locked"]:
+            print(f"skipped {k[:12]}: a build holds its lock")
     return 0
 
 
@@ -400,7 +422,9 @@ def cmd_info(args) -> int:
         "gpu": _gpu(),
         "cache": {"root": str(st.cache.root), "explicit": st.cache.explicit,
                   "entries": len(entries), "entry_bytes": sum(e["bytes"] for e in entries),
-                  "total_bytes": total, "error": cache_error, "note": cache_note},
+                  "total_bytes": total, "error": cache_error, "note": cache_note,
+                  "also_read": [{"root": str(o.root), "entries": len(o.entries())}
+                                for o in st.caches[1:]]},
         "config": str(cfg.path), "templates": str(templates_dir()),
         "experimental_enabled": is_experimental_enabled(),
         "third_party": pins,
@@ -431,6 +455,9 @@ def cmd_info(args) -> int:
     state = c["error"] or f"{c['entries']} entries, {c['total_bytes']} bytes" + (
         f"; {c['note']}" if c["note"] else "")
     print(f"cache: {c['root']} ({'AITER_MLA_CACHE_DIR' if c['explicit'] else 'default'}), {state}")
+    for other in c["also_read"]:
+        print(f"cache: {other['root']} (per-user fallback, also read by lookups), "
+              f"{other['entries']} entries")
     print(f"config: {info['config']}; templates: {info['templates']}; experimental: "
           f"{'on' if info['experimental_enabled'] else 'off'}")
     for name, p in pins.items():
