@@ -582,6 +582,12 @@ def test_op_argument_checks(monkeypatch):
         call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, heads=0)
     with pytest.raises(ValueError, match="num_head_qo must be >= 1, got 0"):
         md.get_mla_metadata_info_v1(2, 1, 0, None, None)
+    with pytest.raises(TypeError, match="fast_mode must be a bool, got NoneType None"):   # read as False
+        md.get_mla_metadata_info_v1(2, 1, 16, None, None, fast_mode=None)
+    with pytest.raises(TypeError, match="is_sparse must be a bool, got str 'no'"):
+        md.get_mla_metadata_info_v1(2, 1, 16, None, None, is_sparse="no")
+    with pytest.raises(ValueError, match="num_kv_splits must be >= 1, got 0"):
+        md.get_mla_metadata_info_v1(2, 1, 16, None, None, num_kv_splits=0)
     with pytest.raises(NotImplementedError, match=r"num_head_qo \* max_seqlen_qo = 129 \* 1"):
         md.get_mla_metadata_info_v1(2, 1, 129, None, None)
     with pytest.raises(NotImplementedError, match=r"num_heads_per_head_k \* max_seqlen_qo = 256 \* 1"):
@@ -590,6 +596,9 @@ def test_op_argument_checks(monkeypatch):
         call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=-1, uni_seqlen_qo=1.5)
     with pytest.raises(ValueError, match="got max_seqlen_qo=0, uni_seqlen_qo=-1"):
         call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=0)
+    # the CPU path's value checks use this function's argument names (they said kv_indptr)
+    with pytest.raises(ValueError, match=r"seqlens_kv_indptr must be non-decreasing: seqlens_kv_indptr\[2\]"):
+        call_op(alloc(info), qo, [kv[0], kv[2], kv[1]], lpl, page_size=16, max_seqlen_qo=1)
     # two KV heads: AITER would halve the clusters; the decode op has one KV head and refused
     # the plan only later, at the decode call
     bufs = alloc(info)

@@ -102,6 +102,11 @@ def max_partial_entries(batch_size: int, num_clusters: int) -> int:
 
 
 def _unsupported_modes(*, is_sparse: bool, fast_mode: bool, intra_batch_mode: bool) -> None:
+    # bools only: 'no' or None would read as a mode the caller did not ask for
+    for name, value in (("is_sparse", is_sparse), ("fast_mode", fast_mode),
+                        ("intra_batch_mode", intra_batch_mode)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
     if is_sparse:
         raise NotImplementedError("sparse MLA (is_sparse / topk >= 0) is not supported yet")
     if intra_batch_mode:
@@ -165,6 +170,9 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     _unsupported_modes(is_sparse=is_sparse, fast_mode=fast_mode,
                        intra_batch_mode=intra_batch_mode)
     check_int("batch_size", batch_size)
+    check_int("num_kv_splits", num_kv_splits)   # unused for the sizes, but AITER's is an int >= 1
+    if num_kv_splits < 1:
+        raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
     _check_dtype_args(q_dtype=q_dtype, kv_dtype=kv_dtype)
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
@@ -437,11 +445,17 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
                 reduce_partial_map, nb=nb, nc=nc, nsplit=nsplit, page_size=page_size,
                 kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo)
     elif device.type == "cpu":
-        sched = reference_schedule(
-            seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
-            num_heads=num_heads_per_head_k, num_clusters=nc, page_size=page_size,
-            kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
-            max_split_per_batch=max_split_per_batch)
+        try:
+            sched = reference_schedule(
+                seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
+                num_heads=num_heads_per_head_k, num_clusters=nc, page_size=page_size,
+                kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
+                max_split_per_batch=max_split_per_batch)
+        except ValueError as exc:   # the reference's value checks, in this function's names
+            import re
+
+            text = re.sub(r"(?<![\w.])(qo_indptr|kv_indptr)\b", r"seqlens_\1", str(exc))
+            raise ValueError(text) from None
         to_buffers(sched, (work_metadata_ptrs, work_indptr, work_info_set, reduce_indptr,
                            reduce_final_map, reduce_partial_map))
     else:
