@@ -107,15 +107,16 @@ def test_bad_explicit_compiler_path_is_named(jit_clean, monkeypatch, tmp_path):
     ("hello", "names no CUDA release"),
     ("", "names no CUDA release"),
     ("\\377\\376 release 11.0", "is CUDA 11.0"),   # not UTF-8: info and builds crashed decoding it
+    ("Cuda compilation tools, release 12.4, V12.4.131", "is CUDA 12.4"),   # no ...ByVersion yet
 ])
 def test_old_or_unknown_nvcc_is_refused(jit_clean, monkeypatch, tmp_path, banner, needle):
-    """README asks for CUDA 12.3+; an older nvcc was accepted and would fail later with its own
+    """README asks for CUDA 12.5+; an older nvcc was accepted and would fail later with its own
     architecture error."""
     nvcc = tmp_path / "nvcc"
     nvcc.write_text(f"#!/bin/sh\nprintf '{banner}\\n'\n")
     nvcc.chmod(0o755)
     monkeypatch.setenv("AITER_MLA_NVCC", str(nvcc))
-    with pytest.raises(ToolchainError, match=f"nvcc at {nvcc} {needle}.*need CUDA 12.3 or newer.*AITER_MLA_NVCC"):
+    with pytest.raises(ToolchainError, match=f"nvcc at {nvcc} {needle}.*need CUDA 12.5 or newer.*AITER_MLA_NVCC"):
         find_compiler("sm_90a", None)
 
 

@@ -144,7 +144,7 @@ def _find_nvcc() -> str:
     found = _first_executable(cands)
     if found is None:
         raise ToolchainError(
-            "nvcc not found (needed for sm_90a): install the CUDA toolkit (12.3 or newer), then "
+            "nvcc not found (needed for sm_90a): install the CUDA toolkit (12.5 or newer), then "
             "set AITER_MLA_NVCC to the nvcc binary, or CUDA_HOME to the toolkit root, "
             "or put nvcc on PATH"
         )
@@ -175,8 +175,9 @@ def _find_clang() -> str | None:
     return shutil.which("clang-19")
 
 
-#: Oldest nvcc the sm_90a templates are built with (README: CUDA 12.3+).
-MIN_NVCC_RELEASE = (12, 3)
+#: Oldest nvcc the sm_90a templates build with: the TMA paths resolve cuTensorMapEncodeTiled
+#: through cudaGetDriverEntryPointByVersion, which CUDA 12.5 added (README: CUDA 12.5+).
+MIN_NVCC_RELEASE = (12, 5)
 
 
 def nvcc_release(version_text: str) -> tuple[int, int] | None:
