@@ -395,6 +395,34 @@ def test_read_only_default_root_clear_gc_and_info_cover_the_fallback(fake_jit, t
     assert not list(fallback.glob("entries/*/lib.so"))
 
 
+def test_read_only_default_root_without_fallback_clear_fails(fake_jit, tmp_path):
+    """Nothing writable to act on: clear and gc exit 1 naming the root (not 0 after a note)."""
+    home, tmpdir, env = _default_root_sandbox(fake_jit, tmp_path)
+    root = home / ".cache" / "aiter_mla"
+    root.mkdir(parents=True)
+    cli = """
+        import sys
+        from aiter_mla.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """
+    for argv in (("jit", "clear", "--all"), ("jit", "gc", "--max-bytes", "0")):
+        proc = _readonly_child(fake_jit, [home], cli, env, argv)
+        assert proc.returncode == 1, (proc.stdout, proc.stderr)
+        assert f"JIT cache root {root} is not writable" in proc.stderr
+
+
+def test_info_survives_an_unreadable_fallback_root(fake_jit, tmp_path, capsys):
+    from aiter_mla.cli import main
+    from aiter_mla.jit.cache import Cache
+
+    bad = tmp_path / "fb"
+    bad.mkdir()
+    (bad / "entries").write_text("not a folder")
+    core._get_state().caches.append(Cache(bad, explicit=False))
+    assert main(["info"]) == 0
+    assert f"cache: {bad} (per-user fallback, also read by lookups), unreadable: Not a directory" in capsys.readouterr().out
+
+
 def test_read_only_default_root_refuses_a_shared_fallback(fake_jit, tmp_path):
     """The per-user fallback under the temp dir has a guessable path: a folder there that others
     may write to (or that another user owns) is refused, since a lib.so planted in it would be
@@ -566,6 +594,11 @@ def test_foreign_things_under_entries_are_left_alone(fake_jit, capsys):
     assert (entries / ".DS_Store").read_text() == "x"
     assert (entries / "my_notes" / "n.txt").read_text() == "data"
     assert all(f.read_text() == "mine" for f in theirs)
+    # what move_aside left in trash/ (an interrupted delete, e.g. of a third-party checkout) goes
+    leftover = fake_jit.root / "trash" / f"HipKittens-{'ab' * 20}.4242.deadbeef"
+    leftover.mkdir()
+    assert main(["jit", "gc", "--max-bytes", "0"]) == 0
+    assert not leftover.exists() and all(f.read_text() == "mine" for f in theirs)
 
 
 def test_default_root_ignores_a_relative_xdg_cache_home(monkeypatch, tmp_path):

@@ -213,17 +213,18 @@ def test_real_config_keys_differ_per_arch_and_need_no_gpu(jit_clean, tmp_path, m
     assert a["headers"].keys() == {"common/aiter_mla_common.cuh", "common/aiter_mla_numeric.cuh"}
 
 
-@pytest.mark.parametrize("rel", ["ops/metadata_reference.py", "arch.py", "work_info.py", "jit/render.py"])
-def test_codegen_digest_covers_the_template_constants(monkeypatch, rel):
+def test_lookup_id_covers_the_template_constants(monkeypatch):
     """render.py takes WHOLE_BATCH_SLACK from ops/metadata_reference.py and the NVIDIA arch list
-    from arch.py; those files were not hashed, so after a change of the constant a warm lookup
-    (lookup id -> index) loaded the library rendered with the old value."""
-    from pathlib import Path
+    from arch.py; the lookup id hashed neither, so after a change of them a warm lookup (lookup
+    id -> index) loaded the library rendered with the old value."""
+    from aiter_mla import arch
+    from aiter_mla.ops import metadata_reference
 
-    target = Path(keymod.__file__).resolve().parent.parent / rel
-    monkeypatch.setattr(keymod, "_codegen", [])
-    before = keymod.codegen_digest()
-    real = Path.read_bytes
-    monkeypatch.setattr(Path, "read_bytes", lambda self: real(self) + (b"#" if self == target else b""))
-    monkeypatch.setattr(keymod, "_codegen", [])
-    assert keymod.codegen_digest() != before
+    inputs = {"module": "m", "params": {"arch": "sm_90a"}}
+    before = keymod.lookup_id(inputs, "tree")
+    monkeypatch.setattr(metadata_reference, "WHOLE_BATCH_SLACK", metadata_reference.WHOLE_BATCH_SLACK + 1)
+    slack = keymod.lookup_id(inputs, "tree")
+    monkeypatch.undo()
+    monkeypatch.setattr(arch, "NVIDIA_ARCHS", (*arch.NVIDIA_ARCHS, "sm_100a"))
+    archs = keymod.lookup_id(inputs, "tree")
+    assert len({before, slack, archs}) == 3

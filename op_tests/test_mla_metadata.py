@@ -582,6 +582,10 @@ def test_op_argument_checks(monkeypatch):
         call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, heads=0)
     with pytest.raises(ValueError, match="num_head_qo must be >= 1, got 0"):
         md.get_mla_metadata_info_v1(2, 1, 0, None, None)
+    import numpy as np
+
+    call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, topk=np.int64(-1),
+            fast_mode=np.True_)   # NumPy ints and bools pass, as check_int's ints do
     with pytest.raises(TypeError, match="fast_mode must be a bool, got NoneType None"):   # read as False
         md.get_mla_metadata_info_v1(2, 1, 16, None, None, fast_mode=None)
     with pytest.raises(TypeError, match="is_sparse must be a bool, got str 'no'"):

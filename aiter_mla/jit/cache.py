@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import stat
@@ -202,6 +203,10 @@ def _filelock_kwargs() -> dict:
     if "fallback_to_soft" in params:
         kw["fallback_to_soft"] = False  # a soft lock judges liveness by pid: never
     return kw
+
+
+#: Names move_aside gives what it moves into trash/ (entries, staging and third-party folders).
+_MOVED_ASIDE = re.compile(r".+\.\d+\.[0-9a-f]{8}")
 
 
 def _remove_path(path: Path) -> None:
@@ -498,11 +503,11 @@ class Cache:
                         shutil.rmtree(d, ignore_errors=True)
                     finally:
                         lk.release()
-        # Only what this package names (a key, or a key and a suffix): the root may be a
-        # user's existing folder that already had a trash/ or an index/ of its own.
+        # Only what this package names (move_aside's NAME.<pid>.<8 hex>, index records named
+        # by a key): the root may be a user's existing folder with a trash/ or index/ of its own.
         with contextlib.suppress(FileNotFoundError):
             for d in (self.root / "trash").iterdir():
-                if is_cache_key(d.name.split(".", 1)[0]):
+                if _MOVED_ASIDE.fullmatch(d.name):
                     _remove_path(d)
         with contextlib.suppress(FileNotFoundError):
             for f in (self.root / "index").iterdir():

@@ -277,19 +277,23 @@ def _managed_caches() -> list:
     from .cache import CacheNotWritableError
 
     st = core._get_state()
-    out = []
+    out, refused = [], None
     for cache in st.caches:
         if not cache.root.exists():
             continue
         try:
             cache.ensure_writable()   # a read-only root: one clear message, not a raw errno
-        except CacheNotWritableError:
+        except CacheNotWritableError as exc:
             if cache.explicit:
                 raise
-            print(f"skipped {cache.root}: not writable (the default root; builds go to the "
-                  f"per-user fallback)")
+            refused = exc
             continue
         out.append(cache)
+    if refused is not None:
+        if not out:   # nothing could be acted on: fail as before, with the reason
+            raise refused
+        print(f"skipped {st.caches[0].root}: not writable (the default root; lookups also read "
+              f"{', '.join(str(c.root) for c in out)}, handled below)")
     if not out and not st.cache.root.exists():
         out.append(st.cache)   # nothing built yet: report the root that would be used
     return out
@@ -380,6 +384,14 @@ def _version_line(text: str) -> str:
     return lines[0].strip() if lines else ""
 
 
+def _root_summary(cache) -> dict:
+    """A further root's line for info: its entry count, or why it could not be read."""
+    try:
+        return {"root": str(cache.root), "entries": len(cache.entries()), "error": None}
+    except OSError as exc:
+        return {"root": str(cache.root), "entries": 0, "error": f"unreadable: {exc.strerror or exc}"}
+
+
 def cmd_info(args) -> int:
     cfg = load_config()
     st = core._get_state()
@@ -423,8 +435,7 @@ def cmd_info(args) -> int:
         "cache": {"root": str(st.cache.root), "explicit": st.cache.explicit,
                   "entries": len(entries), "entry_bytes": sum(e["bytes"] for e in entries),
                   "total_bytes": total, "error": cache_error, "note": cache_note,
-                  "also_read": [{"root": str(o.root), "entries": len(o.entries())}
-                                for o in st.caches[1:]]},
+                  "also_read": [_root_summary(o) for o in st.caches[1:]]},
         "config": str(cfg.path), "templates": str(templates_dir()),
         "experimental_enabled": is_experimental_enabled(),
         "third_party": pins,
@@ -456,8 +467,8 @@ def cmd_info(args) -> int:
         f"; {c['note']}" if c["note"] else "")
     print(f"cache: {c['root']} ({'AITER_MLA_CACHE_DIR' if c['explicit'] else 'default'}), {state}")
     for other in c["also_read"]:
-        print(f"cache: {other['root']} (per-user fallback, also read by lookups), "
-              f"{other['entries']} entries")
+        state = other["error"] or f"{other['entries']} entries"
+        print(f"cache: {other['root']} (per-user fallback, also read by lookups), {state}")
     print(f"config: {info['config']}; templates: {info['templates']}; experimental: "
           f"{'on' if info['experimental_enabled'] else 'off'}")
     for name, p in pins.items():

@@ -3,8 +3,7 @@
 The manifest holds only inputs that change the artifact (DESIGN §3):
 
 - key schema version, package version and a hash of the code that shapes a build
-  (render.py, key.py, toolchain.py, and work_info.py, ops/metadata_reference.py and arch.py,
-  whose constants every template gets);
+  (render.py, key.py, toolchain.py and work_info.py, whose constants every template gets);
 - module name and parameters, the template's bytes, the rendered source's hash, and the hash
   of every header under ``templates/`` that the source includes;
 - pinned third-party libraries the module lists: commit and tree hash;
@@ -15,7 +14,7 @@ The manifest holds only inputs that change the artifact (DESIGN §3):
 Paths of the checkout and of the cache are not inputs: the same entry serves every checkout.
 
 A second, cheaper id, the *lookup id*, is the same manifest with the render-derived fields
-replaced by a hash of the whole templates folder. A warm hit goes lookup id -> key through a
+replaced by a hash of the whole templates folder and the templates' Jinja globals. A warm hit goes lookup id -> key through a
 small index file, so a new process finds its entry without importing Jinja or rendering
 (ccache's "direct mode"); any template edit changes the lookup id and falls back to the
 exact path, which may still hit the same entry.
@@ -34,11 +33,7 @@ from .toolchain import KEY_ENV, Compiler
 
 KEY_SCHEMA = 1
 
-# work_info.py, ops/metadata_reference.py and arch.py give render.py the templates' constants
-# (WI_*, WHOLE_BATCH_SLACK, the NVIDIA arch list): the lookup id must change with them, or a
-# warm hit would load a library rendered with the old values.
-_CODEGEN_FILES = ("jit/render.py", "jit/key.py", "jit/toolchain.py", "work_info.py",
-                  "ops/metadata_reference.py", "arch.py")
+_CODEGEN_FILES = ("jit/render.py", "jit/key.py", "jit/toolchain.py", "work_info.py")
 _codegen: list[str] = []
 
 
@@ -116,8 +111,16 @@ def base_inputs(*, module: str, params: dict, template: str, compiler: Compiler,
 
 
 def lookup_id(inputs: dict, templates_tree: str) -> str:
-    """Id of the index record that maps these inputs to a key (see module doc)."""
-    return sha256_json({**inputs, "_templates_tree": templates_tree})
+    """Id of the index record that maps these inputs to a key (see module doc). Besides the
+    templates folder it hashes what else reaches the rendered source: the Jinja globals
+    (``render.template_globals``: WHOLE_BATCH_SLACK comes from ops/metadata_reference.py) and
+    the arch list that decides ``arch_family``; without them a warm hit loaded a library
+    rendered with an old value. (The key itself hashes the rendered source.)"""
+    from ..arch import NVIDIA_ARCHS
+    from .render import template_globals
+
+    return sha256_json({**inputs, "_templates_tree": templates_tree,
+                        "_template_globals": template_globals(), "_nvidia_archs": list(NVIDIA_ARCHS)})
 
 
 def manifest(inputs: dict, template_sha256: str, source_sha256: str,

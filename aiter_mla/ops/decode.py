@@ -670,7 +670,7 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
         batch = qo_indptr.numel() - 1
         info = metadata.get_mla_metadata_info_v1(
             batch, max_seqlen_q, num_heads, q.dtype, kv_buffer.dtype, is_sparse=False,
-            fast_mode=True, num_kv_splits=32 if num_kv_splits is None else int(num_kv_splits),
+            fast_mode=True,   # num_kv_splits: documented unused, so not forwarded (no size depends on it)
             intra_batch_mode=False)
         (work_meta_data, work_indptr, work_info_set, reduce_indptr, reduce_final_map,
          reduce_partial_map) = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in info]

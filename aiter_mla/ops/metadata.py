@@ -102,10 +102,11 @@ def max_partial_entries(batch_size: int, num_clusters: int) -> int:
 
 
 def _unsupported_modes(*, is_sparse: bool, fast_mode: bool, intra_batch_mode: bool) -> None:
-    # bools only: 'no' or None would read as a mode the caller did not ask for
+    # bools only (Python or NumPy): 'no' or None would read as a mode the caller did not ask for
     for name, value in (("is_sparse", is_sparse), ("fast_mode", fast_mode),
                         ("intra_batch_mode", intra_batch_mode)):
-        if not isinstance(value, bool):
+        numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+        if not (isinstance(value, bool) or numpy_bool):
             raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
     if is_sparse:
         raise NotImplementedError("sparse MLA (is_sparse / topk >= 0) is not supported yet")
@@ -377,7 +378,7 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     """
     import torch
 
-    _unsupported_modes(is_sparse=topk is not None and topk >= 0, fast_mode=fast_mode,
+    _unsupported_modes(is_sparse=bool(topk is not None and topk >= 0), fast_mode=fast_mode,
                        intra_batch_mode=intra_batch_mode)
     _check_dtype_args(dtype_q=dtype_q, dtype_kv=dtype_kv)
     if max_seqlen_qo is None or max_seqlen_qo <= 0:
