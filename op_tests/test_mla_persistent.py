@@ -571,11 +571,12 @@ def test_all_kv_empty(warm, mainloop):
 
 @gpu
 @needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))   # bf16 too: its TMA Q copy across empty works
 @pytest.mark.parametrize("heads,qlen", [(16, 4), (128, 1), (64, 2), (16, 1)])
-def test_mixed_empty(warm, mainloop, heads, qlen):
-    c = make_case(heads, qlen, 16, FP8, [0, 37, 0, 1300, 1, 0, 3], seed=11)
+def test_mixed_empty(warm, mainloop, heads, qlen, dtype):
+    c = make_case(heads, qlen, 16, DTYPES[dtype], [0, 37, 0, 1300, 1, 0, 3], seed=11)
     o, lse, _ = run_decode(c)
-    check(f"mixed empty ({heads},{qlen})", c, o, lse)
+    check(f"mixed empty ({heads},{qlen}) {dtype}", c, o, lse)
     qo = c.qo_indptr.tolist()
     for b in (0, 2, 5):
         assert bool((o[qo[b]:qo[b + 1]] == 0).all())
@@ -584,13 +585,14 @@ def test_mixed_empty(warm, mainloop, heads, qlen):
 
 @gpu
 @needs_gpu
-def test_dual_rings_wrap_with_one_cta(warm, mainloop, monkeypatch):
+@pytest.mark.parametrize("dtype", list(DTYPES))   # bf16: wgmma_ws's q_full / q_empty parity over many works
+def test_dual_rings_wrap_with_one_cta(warm, mainloop, monkeypatch, dtype):
     """CU_NUM=1: 2 work lists (one CTA; wgmma_dual: one per warpgroup) over long contexts, so
     every KV ring wraps many times (its parity flips) and works change inside a list."""
     monkeypatch.setenv("CU_NUM", "1")
-    c = make_case(16, 1, 64, FP8, [3000, 1, 0, 700, 129], seed=17)
+    c = make_case(16, 1, 64, DTYPES[dtype], [3000, 1, 0, 700, 129], seed=17)
     o, lse, _ = run_decode(c)
-    check("(16,1) CU_NUM=1 ring wrap", c, o, lse)
+    check(f"(16,1) CU_NUM=1 ring wrap {dtype}", c, o, lse)
 
 
 @gpu
