@@ -283,7 +283,7 @@ class Cache:
             key = (self.root / "index" / lookup).read_text().strip()
         except OSError:
             return None
-        return key if len(key) == 64 else None
+        return key if is_cache_key(key) else None
 
     def write_index(self, lookup: str, key: str) -> None:
         atomic_write_text(self.root / "index" / lookup, key, best_effort=True)

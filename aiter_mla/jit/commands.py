@@ -385,11 +385,17 @@ def _version_line(text: str) -> str:
 
 
 def _root_summary(cache) -> dict:
-    """A further root's line for info: its entry count, or why it could not be read."""
+    """A cache root for info: entries and bytes, or why it could not be read (a broken root
+    is what one runs info for: it is reported on its line, not instead of everything else)."""
+    out = {"root": str(cache.root), "explicit": cache.explicit, "entries": 0, "entry_bytes": 0,
+           "total_bytes": 0, "error": None}
     try:
-        return {"root": str(cache.root), "entries": len(cache.entries()), "error": None}
+        entries = cache.entries()
+        out.update(entries=len(entries), entry_bytes=sum(e["bytes"] for e in entries),
+                   total_bytes=cache.total_bytes() if cache.root.exists() else 0)
     except OSError as exc:
-        return {"root": str(cache.root), "entries": 0, "error": f"unreadable: {exc.strerror or exc}"}
+        out["error"] = f"unreadable: {exc.strerror or exc}"
+    return out
 
 
 def cmd_info(args) -> int:
@@ -412,16 +418,9 @@ def cmd_info(args) -> int:
         except (third_party.ThirdPartyError, OSError) as exc:
             entry.update(status="not available", detail=str(exc))
         pins[name] = entry
-    # A broken cache root is what one runs info for: report it on the cache line, not instead
-    # of everything else.
-    cache_error = None
-    try:
-        entries = st.cache.entries()
-        total = st.cache.total_bytes() if st.cache.root.exists() else 0
-    except OSError as exc:
-        entries, total, cache_error = [], 0, f"unreadable: {exc.strerror or exc}"
+    cache = _root_summary(st.cache)
     cache_note = None
-    if cache_error is None:
+    if cache["error"] is None:
         if not st.cache.root.exists():
             cache_note = "does not exist yet (the first build makes it)"
         elif not os.access(st.cache.root, os.W_OK):
@@ -432,10 +431,7 @@ def cmd_info(args) -> int:
         "archs": {"all": list(ARCHS), "nvidia": list(NVIDIA_ARCHS), "amd": list(AMD_ARCHS)},
         "toolchains": toolchains,
         "gpu": _gpu(),
-        "cache": {"root": str(st.cache.root), "explicit": st.cache.explicit,
-                  "entries": len(entries), "entry_bytes": sum(e["bytes"] for e in entries),
-                  "total_bytes": total, "error": cache_error, "note": cache_note,
-                  "also_read": [_root_summary(o) for o in st.caches[1:]]},
+        "cache": {**cache, "note": cache_note, "also_read": [_root_summary(o) for o in st.caches[1:]]},
         "config": str(cfg.path), "templates": str(templates_dir()),
         "experimental_enabled": is_experimental_enabled(),
         "third_party": pins,
@@ -467,7 +463,7 @@ def cmd_info(args) -> int:
         f"; {c['note']}" if c["note"] else "")
     print(f"cache: {c['root']} ({'AITER_MLA_CACHE_DIR' if c['explicit'] else 'default'}), {state}")
     for other in c["also_read"]:
-        state = other["error"] or f"{other['entries']} entries"
+        state = other["error"] or f"{other['entries']} entries, {other['total_bytes']} bytes"
         print(f"cache: {other['root']} (per-user fallback, also read by lookups), {state}")
     print(f"config: {info['config']}; templates: {info['templates']}; experimental: "
           f"{'on' if info['experimental_enabled'] else 'off'}")

@@ -125,18 +125,20 @@ def _first_executable(candidates: list[tuple[str, str | None]]) -> tuple[str, st
 
 
 def _explicit_tool(var: str) -> str | None:
-    """The compiler ``var`` names: a path, or a bare name (``nvcc``) looked up on PATH."""
+    """The compiler ``var`` names (a path, or a bare name such as ``nvcc`` looked up on PATH),
+    None when unset; raises :class:`ToolchainError` naming ``var`` when it is no executable."""
     value = env.get(var)
-    if value and os.sep not in value:
-        return shutil.which(value) or value   # not found: the caller names the variable
-    return value
+    if not value:
+        return None
+    path = (shutil.which(value) or value) if os.sep not in value else value
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise ToolchainError(f"{var}={value!r} is not an executable file")
+    return path
 
 
 def _find_nvcc() -> str:
     explicit = _explicit_tool("AITER_MLA_NVCC")
     if explicit:
-        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
-            raise ToolchainError(f"AITER_MLA_NVCC={explicit!r} is not an executable file")
         return explicit
     cands = [(var, os.path.join(env.get(var), "bin", "nvcc") if env.get(var) else None)
              for var in ("CUDA_HOME", "CUDA_PATH")]
@@ -154,8 +156,6 @@ def _find_nvcc() -> str:
 def _find_hipcc() -> str | None:
     explicit = _explicit_tool("AITER_MLA_HIPCC")
     if explicit:
-        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
-            raise ToolchainError(f"AITER_MLA_HIPCC={explicit!r} is not an executable file")
         return explicit
     rocm = env.get("ROCM_PATH")
     found = _first_executable([
@@ -169,8 +169,6 @@ def _find_hipcc() -> str | None:
 def _find_clang() -> str | None:
     explicit = _explicit_tool("AITER_MLA_CLANG")
     if explicit:
-        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
-            raise ToolchainError(f"AITER_MLA_CLANG={explicit!r} is not an executable file")
         return explicit
     return shutil.which("clang-19")
 

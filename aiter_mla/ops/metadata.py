@@ -117,13 +117,6 @@ def _unsupported_modes(*, is_sparse: bool, fast_mode: bool, intra_batch_mode: bo
                                   "use fast_mode=True")
 
 
-def _check_heads(name: str, value) -> None:
-    """The query-head count under the caller's argument name (check_scalars says num_heads)."""
-    check_int(name, value)
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-
-
 def _check_dtype_args(**dtypes) -> None:
     """Each given dtype is None or one the decode kernels take (``decode.SUPPORTED_DTYPES``)."""
     import torch
@@ -177,7 +170,6 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     _check_dtype_args(q_dtype=q_dtype, kv_dtype=kv_dtype)
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
-    _check_heads("num_head_qo", num_head_qo)
     check_scalars(num_heads=num_head_qo, num_clusters=1, page_size=1, kv_granularity=1,
                   max_seqlen_qo=max_seqlen_qo, max_split_per_batch=-1, heads_name="num_head_qo")
     nc = _arch.num_clusters(num_head_qo, max_seqlen_qo)
@@ -393,7 +385,9 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
         raise ValueError(f"uni_seqlen_qo={uni_seqlen_qo} (uniform q length) must equal "
                          f"max_seqlen_qo={max_seqlen_qo}")
     check_int("max_seqlen_qo", max_seqlen_qo)
-    _check_heads("num_heads_per_head_k", num_heads_per_head_k)
+    check_int("num_heads_per_head_k", num_heads_per_head_k)   # before num_clusters, which says num_heads
+    if num_heads_per_head_k < 1:
+        raise ValueError(f"num_heads_per_head_k must be >= 1, got {num_heads_per_head_k}")
     check_int("num_heads_k", num_heads_k)
     if num_heads_k < 1:
         raise ValueError(f"num_heads_k must be >= 1, got {num_heads_k}")
@@ -446,17 +440,12 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
                 reduce_partial_map, nb=nb, nc=nc, nsplit=nsplit, page_size=page_size,
                 kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo)
     elif device.type == "cpu":
-        try:
-            sched = reference_schedule(
-                seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
-                num_heads=num_heads_per_head_k, num_clusters=nc, page_size=page_size,
-                kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
-                max_split_per_batch=max_split_per_batch)
-        except ValueError as exc:   # the reference's value checks, in this function's names
-            import re
-
-            text = re.sub(r"(?<![\w.])(qo_indptr|kv_indptr)\b", r"seqlens_\1", str(exc))
-            raise ValueError(text) from None
+        sched = reference_schedule(
+            seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
+            num_heads=num_heads_per_head_k, num_clusters=nc, page_size=page_size,
+            kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
+            max_split_per_batch=max_split_per_batch,
+            names=("seqlens_qo_indptr", "seqlens_kv_indptr"))
         to_buffers(sched, (work_metadata_ptrs, work_indptr, work_info_set, reduce_indptr,
                            reduce_final_map, reduce_partial_map))
     else:

@@ -133,7 +133,8 @@ def _as_list(x, name: str) -> list[int]:
 
 
 def validate_inputs(qo_indptr, kv_indptr, kv_last_page_lens, *, page_size: int,
-                    max_seqlen_qo: int) -> tuple[list[int], list[int], list[int]]:
+                    max_seqlen_qo: int, names: tuple[str, str] = ("qo_indptr", "kv_indptr"),
+                    ) -> tuple[list[int], list[int], list[int]]:
     """Check the per-batch inputs' *values* (needs them on the host) and return them as lists.
 
     Raises ValueError naming the argument, the expected and the actual value for:
@@ -141,19 +142,22 @@ def validate_inputs(qo_indptr, kv_indptr, kv_last_page_lens, *, page_size: int,
     entry; a decreasing ``kv_indptr``; a q length outside ``[1, max_seqlen_qo]``; a
     ``kv_last_page_lens[b]`` outside ``[1, page_size]`` for a non-empty batch when
     ``page_size > 1``; a value that does not fit int32; a batch with ``>= 2**31`` KV tokens.
+    ``names``: the caller's names for the two indptrs in the messages (``get_mla_metadata_v1``
+    calls them ``seqlens_qo_indptr`` / ``seqlens_kv_indptr``).
     """
-    qo = _as_list(qo_indptr, "qo_indptr")
-    kv = _as_list(kv_indptr, "kv_indptr")
+    qn, kn = names
+    qo = _as_list(qo_indptr, qn)
+    kv = _as_list(kv_indptr, kn)
     lpl = _as_list(kv_last_page_lens, "kv_last_page_lens")
     if len(kv) < 1:
-        raise ValueError("kv_indptr must have num_batches + 1 >= 1 entries, got 0")
+        raise ValueError(f"{kn} must have num_batches + 1 >= 1 entries, got 0")
     nb = len(kv) - 1
     if len(qo) != len(kv):
         raise ValueError(
-            f"qo_indptr must have len(kv_indptr) = {len(kv)} entries, got {len(qo)}")
+            f"{qn} must have len({kn}) = {len(kv)} entries, got {len(qo)}")
     if len(lpl) < nb:
         raise ValueError(f"kv_last_page_lens must have >= {nb} entries, got {len(lpl)}")
-    for name, arr in (("kv_indptr", kv), ("qo_indptr", qo)):
+    for name, arr in ((kn, kv), (qn, qo)):
         if arr[0] < 0:
             raise ValueError(f"{name}[0] must be >= 0, got {arr[0]}")
         if max(arr) > INT32_MAX:
@@ -162,12 +166,12 @@ def validate_inputs(qo_indptr, kv_indptr, kv_last_page_lens, *, page_size: int,
         kvlen = kv[b + 1] - kv[b]
         if kvlen < 0:
             raise ValueError(
-                f"kv_indptr must be non-decreasing: kv_indptr[{b + 1}] = {kv[b + 1]} < "
-                f"kv_indptr[{b}] = {kv[b]}")
+                f"{kn} must be non-decreasing: {kn}[{b + 1}] = {kv[b + 1]} < "
+                f"{kn}[{b}] = {kv[b]}")
         qlen = qo[b + 1] - qo[b]
         if not 1 <= qlen <= max_seqlen_qo:
             raise ValueError(
-                f"q length of batch {b} (qo_indptr[{b + 1}] - qo_indptr[{b}]) must be in "
+                f"q length of batch {b} ({qn}[{b + 1}] - {qn}[{b}]) must be in "
                 f"[1, max_seqlen_qo={max_seqlen_qo}], got {qlen}")
         if kvlen > 0 and page_size > 1:
             if not 1 <= lpl[b] <= page_size:
@@ -237,7 +241,8 @@ def slice_width(costs: list[int], num_splits: int) -> int:
 
 def reference_schedule(qo_indptr, kv_indptr, kv_last_page_lens, *, num_heads: int,
                        num_clusters: int, page_size: int, kv_granularity: int,
-                       max_seqlen_qo: int, max_split_per_batch: int = -1) -> Schedule:
+                       max_seqlen_qo: int, max_split_per_batch: int = -1,
+                       names: tuple[str, str] = ("qo_indptr", "kv_indptr")) -> Schedule:
     """The position-based split-KV schedule (module docstring), with this package's fixes.
 
     Args: ``qo_indptr`` [B+1] (q tokens), ``kv_indptr`` [B+1] (pages),
@@ -247,13 +252,13 @@ def reference_schedule(qo_indptr, kv_indptr, kv_last_page_lens, *, num_heads: in
     threshold in tokens).
 
     Returns a :class:`Schedule`. Raises ValueError / NotImplementedError as
-    :func:`check_scalars` and :func:`validate_inputs`.
+    :func:`check_scalars` and :func:`validate_inputs` (``names`` as there).
     """
     check_scalars(num_heads=num_heads, num_clusters=num_clusters, page_size=page_size,
                   kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
                   max_split_per_batch=max_split_per_batch)
     qo, kv, lpl = validate_inputs(qo_indptr, kv_indptr, kv_last_page_lens,
-                                  page_size=page_size, max_seqlen_qo=max_seqlen_qo)
+                                  page_size=page_size, max_seqlen_qo=max_seqlen_qo, names=names)
     nb = len(kv) - 1
     G = kv_granularity
     ovh = overhead_blocks(page_size)
