@@ -45,6 +45,18 @@ def test_real_nvcc_build_of_convert_fp8_for_sm90a(real_jit):
         assert "sm_90a" in out and ".ptx" not in out
 
 
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not on PATH (install the CUDA toolkit)")
+def test_relative_templates_dir_builds(real_jit, monkeypatch, tmp_path):
+    """AITER_MLA_TEMPLATES_DIR given relative to the current directory: nvcc runs in a staging
+    folder, so the templates' -I must be absolute (it was passed as given, and the build failed
+    with "common/aiter_mla_common.cuh: No such file or directory")."""
+    shutil.copytree(REPO / "templates", tmp_path / "my_templates")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AITER_MLA_TEMPLATES_DIR", "my_templates")
+    meta = core.build_variant("convert_fp8", arch="sm_90a", out_dtype="bf16").entry.meta
+    assert f"-I{tmp_path / 'my_templates'}" in meta["command"]
+
+
 @pytest.mark.skipif(not HAS_CLANG19, reason="clang-19 not installed (apt-get install clang-19 "
                                             "lld-19): the gfx942 compile check is skipped")
 def test_gfx942_compile_check_with_clang19(real_jit, monkeypatch):
