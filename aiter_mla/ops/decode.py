@@ -130,10 +130,11 @@ FEW_ROWS_MAINLOOP = {"fp8": "wgmma_dual", "bf16": "wgmma_ws"}
 
 _DEFAULT_SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
 
-# q, kv, kv_rows, then 10 more pointers, ..., the stream and q_rows (see aiter_mla_decode in
-# templates/mla_decode.cu.j2).
+# q, kv, kv_rows, then 10 more pointers, ..., the stream, q_rows and the byte sizes of
+# work_info_set and kv_indices (see aiter_mla_decode in templates/mla_decode.cu.j2).
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong] + [ctypes.c_void_p] * 10 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong]
+                                      ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong,
+                                      ctypes.c_longlong]
 
 try:  # a fraction of a microsecond, against several for torch.cuda.current_stream(i).cuda_stream
     _raw_stream = torch._C._cuda_getCurrentRawStream
@@ -449,7 +450,8 @@ def _launch(query, kv_buffer, kv_indices, kv_last_page_lens, work_indptr, work_i
     rc = fn(ptr(query), ptr(kv_buffer), kv_rows, ptr(kv_indices), ptr(kv_last_page_lens), ptr(work_indptr),
             ptr(work_info_set), ptr(final_output), ptr(final_lse), ptr(split_output), ptr(split_lse),
             ptr(q_scale), ptr(kv_scale), float(softmax_scale), num_heads, clusters,
-            launch_grid_x(params, clusters), device.index, stream, int(query.shape[0]) * num_heads)
+            launch_grid_x(params, clusters), device.index, stream, int(query.shape[0]) * num_heads,
+            work_info_set.numel() * work_info_set.element_size(), kv_indices.numel() * kv_indices.element_size())
     if rc != 0:
         err = mod.function("aiter_mla_error_string", [ctypes.c_int], ctypes.c_char_p)(rc)
         raise RuntimeError(f"mla decode launch failed ({params}): CUDA error {rc}: "

@@ -254,6 +254,21 @@ __device__ __forceinline__ void aiter_mla_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
+// L2 prefetch of [base, base + bytes), spread over `nthreads` threads (this one is `tid`): a
+// hint that reads no value, so it may precede aiter_mla_wait_prior_grid(). The upstream
+// kernel's stores land in L2, the point of coherence, and nothing is cached nearer, so a line
+// fetched early and written afterwards is read with its new value after the wait. What it
+// saves is the DRAM latency of the first dependent loads after the wait (the schedule, the
+// page table), which the KV streaming of the call before has evicted.
+__device__ __forceinline__ void aiter_mla_prefetch_l2(const void* base, long long bytes, int tid, int nthreads) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int lines = static_cast<int>((bytes + 127) >> 7);
+  for (int i = tid; i < lines; i += nthreads)
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(static_cast<const char*>(base) + 128ll * i));
+#else
+  (void)base; (void)bytes; (void)tid; (void)nthreads;
+#endif
+}
 #if defined(AITER_MLA_NVIDIA)
 // kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute (CUDA graphs capture
 // it as a programmatic edge).
