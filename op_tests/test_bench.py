@@ -596,7 +596,11 @@ def test_mainloop_flag_selects_the_ops_loop_or_refuses(monkeypatch, capsys):
                          (["-kvd", "bf16"], "give -d and -kvd the same value"),
                          (["-b", "1", "-c", "1000000000", "--varlen"], "--varlen draws up to 8 x ctx"),
                          (["-b", "1", "-c", "3000000000"], "a request must have < 2**31 KV tokens"),
-                         (["-b", "1000000000", "-c", "21", "--page-size", "1"], "up to 21000000000 KV pages")]:
+                         (["-b", "1000000000", "-c", "21", "--page-size", "1"], "up to 21000000000 KV pages"),
+                         # the results are written after the sweep: a bad tag or folder is refused first
+                         (["--tag", "a/b"], "--tag 'a/b': use letters, digits"),
+                         (["--tag", ".."], "--tag '..': use letters, digits"),
+                         (["-o", "/proc/version/x"], "/proc/version exists and is not a folder")]:
         assert commands.run(parser.parse_args(["--compile-only", *argv])) == 2
         assert needle in capsys.readouterr().err
 

@@ -236,7 +236,8 @@ def test_half_written_artifact_is_never_published(fake_jit, monkeypatch, mode, w
     assert _leftovers(fake_jit.root) == []
 
 
-@pytest.mark.parametrize("damage", ["flip_byte", "truncate", "meta_garbage", "meta_arch"])
+@pytest.mark.parametrize("damage", ["flip_byte", "truncate", "meta_garbage", "meta_arch", "lib_is_a_folder",
+                                    "meta_missing"])
 def test_corrupt_entry_is_moved_aside_and_rebuilt(fake_jit, damage, caplog):
     """CuPy's hash-on-read: a damaged entry is detected, never loaded, and rebuilt."""
     m = core.get_module("fake", **P)
@@ -256,6 +257,11 @@ def test_corrupt_entry_is_moved_aside_and_rebuilt(fake_jit, damage, caplog):
         replace_lib(lib.read_bytes()[:1000])
     elif damage == "meta_garbage":
         meta_path.write_text("{not json")
+    elif damage == "lib_is_a_folder":   # was a bare IsADirectoryError from every load, build and list
+        os.replace(lib, entry / "old_lib")
+        lib.mkdir()
+    elif damage == "meta_missing":      # was rebuilt without the warning every other damage gives
+        meta_path.unlink()
     else:
         meta = json.loads(meta_path.read_text())
         meta["arch"] = "gfx942"
@@ -445,6 +451,18 @@ def test_cache_not_writable_error_in_process(fake_jit, monkeypatch, tmp_path):
     monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(blocker / "cache"))  # parent is a file
     core.reset_state()
     with pytest.raises(CacheNotWritableError, match="AITER_MLA_CACHE_DIR"):
+        core.get_module("fake", **P)
+
+
+def test_cache_not_writable_error_names_the_blocking_subfolder(fake_jit, monkeypatch, tmp_path):
+    """A file where the root's entries/ folder belongs: the error names that path, not only
+    the root (it read as if the root itself were unwritable)."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / "entries").write_text("x")
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(root))
+    core.reset_state()
+    with pytest.raises(CacheNotWritableError, match=f"at {root / 'entries'}"):
         core.get_module("fake", **P)
 
 
@@ -638,6 +656,15 @@ def test_info_reports_a_broken_cache_root_and_writes_nothing(jit_clean, monkeypa
                         else real_access(p, mode, **kw))
     assert main(["info"]) == 0
     assert "0 entries, 0 bytes; not writable: builds fail (AITER_MLA_CACHE_DIR)" in capsys.readouterr().out
+    # a root not made yet under a read-only folder: said so, not "the first build makes it"
+    under = fresh / "sub" / "cache"
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(under))
+    core.reset_state()
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if (mode & os.W_OK and str(p) == str(fresh))
+                        else real_access(p, mode, **kw))
+    assert main(["info"]) == 0
+    assert (f"does not exist and cannot be made ({fresh} is not writable): builds fail (AITER_MLA_CACHE_DIR)"
+            in capsys.readouterr().out)
 
 
 def test_staging_is_on_the_cache_filesystem(fake_jit):

@@ -57,6 +57,21 @@ def test_relative_templates_dir_builds(real_jit, monkeypatch, tmp_path):
     assert f"-I{tmp_path / 'my_templates'}" in meta["command"]
 
 
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not on PATH (install the CUDA toolkit)")
+@pytest.mark.parametrize("var", ["AITER_MLA_NVCC", "CUDA_HOME"])
+def test_relative_compiler_path_builds(real_jit, monkeypatch, tmp_path, var):
+    """A compiler given relative to the current directory (AITER_MLA_NVCC=./nvcc, CUDA_HOME=cuda)
+    builds: the compiler runs in a staging folder, so its path must be made absolute (it was
+    passed as given, and nvcc could not be started: exit status 127)."""
+    (tmp_path / "cuda" / "bin").mkdir(parents=True)
+    (tmp_path / "cuda" / "bin" / "nvcc").symlink_to(shutil.which("nvcc"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(var, "./cuda/bin/nvcc" if var == "AITER_MLA_NVCC" else "cuda")
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    meta = core.build_variant("convert_fp8", arch="sm_90a", out_dtype="bf16").entry.meta
+    assert meta["command"][0] == str(tmp_path / "cuda" / "bin" / "nvcc")
+
+
 @pytest.mark.skipif(not HAS_CLANG19, reason="clang-19 not installed (apt-get install clang-19 "
                                             "lld-19): the gfx942 compile check is skipped")
 def test_gfx942_compile_check_with_clang19(real_jit, monkeypatch):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import sys
 import time
@@ -200,11 +201,29 @@ def _default_jobs() -> int:
     return n if n > 0 else min(8, os.cpu_count() or 1)
 
 
+def _output_message(args: argparse.Namespace) -> str | None:
+    """Why ``--tag`` / ``-o`` could not take the results, or None. Checked before the sweep:
+    the files are written only after it, so a bad tag or folder used to lose the whole run."""
+    tag = args.tag or ""
+    if not re.fullmatch(r"[A-Za-z0-9._-]*", tag) or tag in (".", ".."):
+        return (f"--tag {tag!r}: use letters, digits, '.', '_' and '-' only (it becomes part of the "
+                f"file names results_<tag>.json, results_<tag>.md and the plots)")
+    out = Path(args.output).expanduser().absolute()
+    probe = out
+    while not probe.exists() and probe != probe.parent:   # the nearest folder that exists
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"-o {args.output}: {probe} exists and is not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"-o {args.output}: {probe} is not writable, so the results could not be saved"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``aiter-mla bench``; returns the exit status."""
     if getattr(args, "jobs", None) is None:
         args.jobs = _default_jobs()
-    message = _range_message(args)
+    message = _range_message(args) or _output_message(args)
     if message:   # also under --compile-only: a sweep the GPU run would refuse fails here first
         print(f"aiter-mla bench: {message}", file=sys.stderr)
         return 2

@@ -256,7 +256,9 @@ class Cache:
         try:
             meta = json.loads((d / META).read_text())
         except FileNotFoundError:
-            return None
+            # entries are published whole (one rename of a staging folder with meta.json in it),
+            # so an entry folder without meta.json is damage, not a build in progress
+            return Corrupt(key, d, "meta.json missing") if d.is_dir() else None
         except (OSError, ValueError) as exc:
             return Corrupt(key, d, f"meta.json unreadable: {exc}")
         try:
@@ -271,6 +273,8 @@ class Cache:
             if not d.exists():
                 return None  # moved away (rebuild/clear) while we read
             return Corrupt(key, d, "artifact file missing")
+        except OSError as exc:   # e.g. the artifact's name is a folder
+            return Corrupt(key, d, f"artifact unreadable: {exc}")
         except (KeyError, TypeError) as exc:
             return Corrupt(key, d, f"meta.json lacks {exc}")
         if size != art["size"] or digest != art["sha256"]:
@@ -313,8 +317,10 @@ class Cache:
         except OSError as exc:
             how = ("AITER_MLA_CACHE_DIR points at it" if self.explicit
                    else "it is the default root")
+            # name the path that failed when it is not the root itself (a file named entries, say)
+            where = f" at {exc.filename}" if exc.filename and Path(exc.filename) != self.root else ""
             raise CacheNotWritableError(
-                f"JIT cache root {self.root} is not writable ({exc.strerror or exc}; {how}): "
+                f"JIT cache root {self.root} is not writable ({exc.strerror or exc}{where}; {how}): "
                 f"set AITER_MLA_CACHE_DIR to a writable folder, or AITER_MLA_DISABLE_JIT=1 "
                 f"to use only what the cache already holds"
             ) from None

@@ -422,7 +422,15 @@ def cmd_info(args) -> int:
     cache_note = None
     if cache["error"] is None:
         if not st.cache.root.exists():
-            cache_note = "does not exist yet (the first build makes it)"
+            parent = st.cache.root.parent
+            while not parent.exists() and parent != parent.parent:   # the folder a build would create it in
+                parent = parent.parent
+            if os.access(parent, os.W_OK | os.X_OK):
+                cache_note = "does not exist yet (the first build makes it)"
+            else:
+                cache_note = (f"does not exist and cannot be made ({parent} is not writable): "
+                              + ("builds fail (AITER_MLA_CACHE_DIR)" if st.cache.explicit else
+                                 "builds go to the per-user temp fallback"))
         elif not os.access(st.cache.root, os.W_OK):
             cache_note = ("not writable: builds fail (AITER_MLA_CACHE_DIR)" if st.cache.explicit else
                           "not writable: builds go to the per-user temp fallback")

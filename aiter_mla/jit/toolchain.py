@@ -118,9 +118,11 @@ class Compiler:
 
 
 def _first_executable(candidates: list[tuple[str, str | None]]) -> tuple[str, str] | None:
+    """The first (origin, path) that is an executable file, its path made absolute: compilers
+    run in a staging folder, where a path relative to the caller's directory means nothing."""
     for origin, path in candidates:
         if path and os.path.isfile(path) and os.access(path, os.X_OK):
-            return origin, path
+            return origin, os.path.abspath(path)
     return None
 
 
@@ -133,7 +135,7 @@ def _explicit_tool(var: str) -> str | None:
     path = (shutil.which(value) or value) if os.sep not in value else value
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
         raise ToolchainError(f"{var}={value!r} is not an executable file")
-    return path
+    return os.path.abspath(path)   # relative to the caller's directory, not the staging folder
 
 
 def _find_nvcc() -> str:
@@ -170,7 +172,8 @@ def _find_clang() -> str | None:
     explicit = _explicit_tool("AITER_MLA_CLANG")
     if explicit:
         return explicit
-    return shutil.which("clang-19")
+    found = _first_executable([("PATH", shutil.which("clang-19"))])
+    return found[1] if found else None
 
 
 #: Oldest nvcc the sm_90a templates build with: the TMA paths resolve cuTensorMapEncodeTiled
