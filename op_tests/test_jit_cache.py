@@ -604,7 +604,9 @@ def test_foreign_things_under_entries_are_left_alone(fake_jit, capsys):
         f.write_text("mine")
     assert [e["key"] for e in Cache(fake_jit.root, True).entries()] == [key]
     assert main(["jit", "list"]) == 0
+    capsys.readouterr()
     assert main(["jit", "gc", "--max-bytes", "0"]) == 0
+    assert "removed 1 entry (" in capsys.readouterr().out   # not "1 entries"
     assert not (entries / key).exists()
     core.build_variant("fake", **P)
     assert main(["jit", "clear", "--all"]) == 0

@@ -1027,3 +1027,9 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
         aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last, 1, page_size=16)
     with pytest.raises(ValueError, match="query must be a CUDA tensor, got one on cpu"):
         aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, qo, 1, 0.1, o, o, o)
+    # not a tensor at all: TypeError naming it, as hk_mla_decode_fwd and mla_reduce_v1 raise
+    # (mla_decode_fwd raised ValueError for q=None)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor, got NoneType"):
+        aiter_mla.mla_decode_fwd(None, kv, o, qo, kvi, idx, last, 1, page_size=16)
+    with pytest.raises(TypeError, match="kv_buffer must be a torch.Tensor, got list"):
+        aiter_mla.mla_decode_fwd(q, [], o, qo, kvi, idx, last, 1, page_size=16)

@@ -329,7 +329,8 @@ def cmd_clear(args) -> int:
 def cmd_gc(args) -> int:
     for cache in _managed_caches():   # --max-bytes applies to each root
         report = cache.gc(args.max_bytes)
-        print(f"removed {len(report['removed'])} entries ({report['freed_bytes']} bytes); "
+        n = len(report["removed"])
+        print(f"removed {n} entr{'y' if n == 1 else 'ies'} ({report['freed_bytes']} bytes); "
               f"{report['remaining_bytes']} bytes of entries remain in {cache.root}")
         for k in report["skipped_locked"]:
             print(f"skipped {k[:12]}: a build holds its lock")

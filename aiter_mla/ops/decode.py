@@ -644,12 +644,13 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     Source: AITER #3072 ``aiter/mla.py`` ``mla_decode_fwd`` (spec section 3.3 steps C-E; no head
     folding: every supported shape runs natively, which avoids the (64,2) fold mismatch of 3.5).
     """
-    if not isinstance(q, torch.Tensor) or q.dim() != 3:
-        raise ValueError(f"q must be a [total_q, num_heads, {QK_HEAD_DIM}] tensor, got "
-                         f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
-    if not isinstance(kv_buffer, torch.Tensor) or kv_buffer.dim() != 4:
-        raise ValueError(f"kv_buffer must be [num_pages, page_size, 1, {QK_HEAD_DIM}], got "
-                         f"{tuple(kv_buffer.shape) if isinstance(kv_buffer, torch.Tensor) else type(kv_buffer).__name__}")
+    for name, t in (("q", q), ("kv_buffer", kv_buffer)):   # a non-tensor is a TypeError, as in the other ops
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 3:
+        raise ValueError(f"q must be a [total_q, num_heads, {QK_HEAD_DIM}] tensor, got {tuple(q.shape)}")
+    if kv_buffer.dim() != 4:
+        raise ValueError(f"kv_buffer must be [num_pages, page_size, 1, {QK_HEAD_DIM}], got {tuple(kv_buffer.shape)}")
     if logit_cap is not None and logit_cap > 0:
         raise NotImplementedError(f"logit_cap must be <= 0 (soft-capping is not supported), got {logit_cap}")
     if nhead_kv != 1:
