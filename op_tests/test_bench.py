@@ -597,12 +597,16 @@ def test_mainloop_flag_selects_the_ops_loop_or_refuses(monkeypatch, capsys):
                          (["-b", "1", "-c", "1000000000", "--varlen"], "--varlen draws up to 8 x ctx"),
                          (["-b", "1", "-c", "3000000000"], "a request must have < 2**31 KV tokens"),
                          (["-b", "1000000000", "-c", "21", "--page-size", "1"], "up to 21000000000 KV pages"),
-                         # the results are written after the sweep: a bad tag or folder is refused first
-                         (["--tag", "a/b"], "--tag 'a/b': use letters, digits"),
-                         (["--tag", ".."], "--tag '..': use letters, digits"),
-                         (["-o", "/proc/version/x"], "/proc/version exists and is not a folder")]:
+                         # the results are written after the sweep: a bad tag is refused first
+                         (["--tag", "a/b"], "--tag 'a/b': it becomes part of file names")]:
         assert commands.run(parser.parse_args(["--compile-only", *argv])) == 2
         assert needle in capsys.readouterr().err
+    # so is an -o that cannot be made, but only for a sweep: --compile-only writes nothing there
+    monkeypatch.setattr(commands, "compile_only", lambda args: 0)
+    assert commands.run(parser.parse_args(["--compile-only", "-o", "/proc/version/x"])) == 0
+    assert commands.run(parser.parse_args(["-o", "/proc/version/x"])) == 2
+    assert "-o /proc/version/x: /proc/version exists and is not a folder" in capsys.readouterr().err
+    assert commands._tag_message(parser.parse_args(["--tag", "h200+pdl run.1"])) is None   # any other name part
 
 
 def test_bench_jobs_default_to_max_jobs(monkeypatch, capsys):

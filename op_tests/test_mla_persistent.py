@@ -407,6 +407,27 @@ def test_index_check_sees_a_new_tensor_at_a_checked_address():
         dec._check_index_values(qo_indptr, kv_indptr, second, last, work_indptr=work_indptr, **kw)
 
 
+@pytest.mark.parametrize("page_size,dtype", [(64, "fp8"), (1, "bf16"), (64, "bf16")])
+def test_launcher_signature_matches_argtypes(page_size, dtype):
+    """The C signature of aiter_mla_decode in the rendered template and decode._ARGTYPES agree
+    in count and C type, argument by argument: ctypes would pass a mismatch on silently, and
+    only a GPU run would show it (CPU check; the TMA and cp.async launchers both)."""
+    import ctypes
+    import re
+
+    from aiter_mla.jit.config import load_config, templates_dir
+    from aiter_mla.jit.render import render
+
+    dt = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}[dtype]
+    params = dec.decode_variant(128, 1, page_size, dt, dt)
+    text = render(load_config().modules["mla_decode"], params, templates_dir()).text
+    sig = re.search(r"AITER_MLA_EXPORT int aiter_mla_decode\((.*?)\)\s*\{", text, re.S).group(1)
+    c_types = [re.sub(r"\s*\w+$", "", a.strip()) for a in sig.split(",")]
+    as_ctypes = {"const void*": ctypes.c_void_p, "void*": ctypes.c_void_p, "long long": ctypes.c_longlong,
+                 "int": ctypes.c_int, "float": ctypes.c_float}
+    assert [as_ctypes[t] for t in c_types] == dec._ARGTYPES, list(zip(c_types, dec._ARGTYPES))
+
+
 def test_public_names():
     assert aiter_mla.mla_decode_fwd is dec.mla_decode_fwd
     assert aiter_mla.hk_mla_decode_fwd is dec.hk_mla_decode_fwd

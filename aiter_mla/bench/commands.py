@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shlex
 import sys
 import time
@@ -90,7 +89,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", type=Path, default=Path("bench_results"),
                    help="output folder (default: ./bench_results)")
     p.add_argument("--tag", default="",
-                   help="file-name tag: results_<tag>.json etc., so sweeps can share a folder")
+                   help="file-name tag: results_<tag>.json etc., so sweeps can share a folder "
+                        "(no path separators)")
     p.add_argument("--compile-only", action="store_true",
                    help="only render and build the variants the sweep would use (no GPU needed)")
     p.add_argument("-j", "--jobs", type=_positive, default=None,
@@ -201,29 +201,29 @@ def _default_jobs() -> int:
     return n if n > 0 else min(8, os.cpu_count() or 1)
 
 
-def _output_message(args: argparse.Namespace) -> str | None:
-    """Why ``--tag`` / ``-o`` could not take the results, or None. Checked before the sweep:
-    the files are written only after it, so a bad tag or folder used to lose the whole run."""
+def _tag_message(args: argparse.Namespace) -> str | None:
+    """Why ``--tag`` cannot name the result files, or None (checked before the sweep: the files
+    are written only after it, so a bad tag used to lose the whole run)."""
     tag = args.tag or ""
-    if not re.fullmatch(r"[A-Za-z0-9._-]*", tag) or tag in (".", ".."):
-        return (f"--tag {tag!r}: use letters, digits, '.', '_' and '-' only (it becomes part of the "
-                f"file names results_<tag>.json, results_<tag>.md and the plots)")
-    out = Path(args.output).expanduser().absolute()
-    probe = out
-    while not probe.exists() and probe != probe.parent:   # the nearest folder that exists
-        probe = probe.parent
-    if not probe.is_dir():
-        return f"-o {args.output}: {probe} exists and is not a folder"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return f"-o {args.output}: {probe} is not writable, so the results could not be saved"
+    if any(c in tag for c in (os.sep, os.altsep or os.sep, "\0")):
+        return (f"--tag {tag!r}: it becomes part of file names (results_<tag>.json, .md and the "
+                f"plots), so it cannot hold a path separator")
     return None
+
+
+def _output_message(args: argparse.Namespace) -> str | None:
+    """Why ``-o`` could not take the results, or None (checked before a GPU sweep, as the tag)."""
+    from ..paths import unmakeable_folder_reason
+
+    reason = unmakeable_folder_reason(args.output)
+    return f"-o {args.output}: {reason}, so the results could not be saved" if reason else None
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``aiter-mla bench``; returns the exit status."""
     if getattr(args, "jobs", None) is None:
         args.jobs = _default_jobs()
-    message = _range_message(args) or _output_message(args)
+    message = _range_message(args) or _tag_message(args)
     if message:   # also under --compile-only: a sweep the GPU run would refuse fails here first
         print(f"aiter-mla bench: {message}", file=sys.stderr)
         return 2
@@ -237,7 +237,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"aiter-mla bench: {message}", file=sys.stderr)
         return 2
     if args.compile_only:
-        return compile_only(args)
+        return compile_only(args)   # writes nothing into -o
+    message = _output_message(args)
+    if message:
+        print(f"aiter-mla bench: {message}", file=sys.stderr)
+        return 2
     reason = no_gpu_reason()
     if reason is not None:
         print(f"aiter-mla bench: no CUDA GPU visible ({reason}); use --compile-only to build the "

@@ -317,8 +317,11 @@ class Cache:
         except OSError as exc:
             how = ("AITER_MLA_CACHE_DIR points at it" if self.explicit
                    else "it is the default root")
-            # name the path that failed when it is not the root itself (a file named entries, say)
-            where = f" at {exc.filename}" if exc.filename and Path(exc.filename) != self.root else ""
+            # name the path that failed when something there is in the way (a file named
+            # entries, say); a plain permission error is the root's and is reported as such
+            blocker = exc.filename and Path(exc.filename) != self.root and (
+                exc.errno in (errno.EEXIST, errno.ENOTDIR) or Path(exc.filename).exists())
+            where = f" at {exc.filename}" if blocker else ""
             raise CacheNotWritableError(
                 f"JIT cache root {self.root} is not writable ({exc.strerror or exc}{where}; {how}): "
                 f"set AITER_MLA_CACHE_DIR to a writable folder, or AITER_MLA_DISABLE_JIT=1 "

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from .. import __version__, env
+from ..paths import unmakeable_folder_reason
 from ..arch import AMD_ARCHS, ARCHS, NVIDIA_ARCHS, is_experimental_enabled
 from . import core, third_party
 from .config import ParamError, load_config, templates_dir
@@ -423,13 +424,11 @@ def cmd_info(args) -> int:
     cache_note = None
     if cache["error"] is None:
         if not st.cache.root.exists():
-            parent = st.cache.root.parent
-            while not parent.exists() and parent != parent.parent:   # the folder a build would create it in
-                parent = parent.parent
-            if os.access(parent, os.W_OK | os.X_OK):
+            reason = unmakeable_folder_reason(st.cache.root)
+            if reason is None:
                 cache_note = "does not exist yet (the first build makes it)"
             else:
-                cache_note = (f"does not exist and cannot be made ({parent} is not writable): "
+                cache_note = (f"does not exist and cannot be made ({reason}): "
                               + ("builds fail (AITER_MLA_CACHE_DIR)" if st.cache.explicit else
                                  "builds go to the per-user temp fallback"))
         elif not os.access(st.cache.root, os.W_OK):

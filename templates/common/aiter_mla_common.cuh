@@ -259,12 +259,17 @@ __device__ __forceinline__ void aiter_mla_launch_dependents() {
 // kernel's stores land in L2, the point of coherence, and nothing is cached nearer, so a line
 // fetched early and written afterwards is read with its new value after the wait. What it
 // saves is the DRAM latency of the first dependent loads after the wait (the schedule, the
-// page table), which the KV streaming of the call before has evicted.
+// page table), which the KV streaming of the call before has evicted. The lines are counted
+// from base rounded down to 128 bytes, so an unaligned span's last line is covered too; every
+// line touched holds bytes of the span, so no address outside its allocation is prefetched.
 __device__ __forceinline__ void aiter_mla_prefetch_l2(const void* base, long long bytes, int tid, int nthreads) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const int lines = static_cast<int>((bytes + 127) >> 7);
+  if (bytes <= 0) return;
+  const unsigned long long first = reinterpret_cast<unsigned long long>(base) & ~127ull;
+  const unsigned long long end = reinterpret_cast<unsigned long long>(base) + static_cast<unsigned long long>(bytes);
+  const int lines = static_cast<int>((end - first + 127) >> 7);
   for (int i = tid; i < lines; i += nthreads)
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(static_cast<const char*>(base) + 128ll * i));
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(first + 128ull * i));
 #else
   (void)base; (void)bytes; (void)tid; (void)nthreads;
 #endif
