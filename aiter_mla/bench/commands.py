@@ -205,7 +205,7 @@ def _tag_message(args: argparse.Namespace) -> str | None:
     """Why ``--tag`` cannot name the result files, or None (checked before the sweep: the files
     are written only after it, so a bad tag used to lose the whole run)."""
     tag = args.tag or ""
-    if any(c in tag for c in (os.sep, os.altsep or os.sep, "\0")):
+    if any(c and c in tag for c in (os.sep, os.altsep, "\0")):
         return (f"--tag {tag!r}: it becomes part of file names (results_<tag>.json, .md and the "
                 f"plots), so it cannot hold a path separator")
     return None

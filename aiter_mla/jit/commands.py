@@ -423,17 +423,14 @@ def cmd_info(args) -> int:
     cache = _root_summary(st.cache)
     cache_note = None
     if cache["error"] is None:
+        then = ("builds fail (AITER_MLA_CACHE_DIR)" if st.cache.explicit else
+                "builds go to the per-user temp fallback")
         if not st.cache.root.exists():
             reason = unmakeable_folder_reason(st.cache.root)
-            if reason is None:
-                cache_note = "does not exist yet (the first build makes it)"
-            else:
-                cache_note = (f"does not exist and cannot be made ({reason}): "
-                              + ("builds fail (AITER_MLA_CACHE_DIR)" if st.cache.explicit else
-                                 "builds go to the per-user temp fallback"))
+            cache_note = ("does not exist yet (the first build makes it)" if reason is None else
+                          f"does not exist and cannot be made ({reason}): {then}")
         elif not os.access(st.cache.root, os.W_OK):
-            cache_note = ("not writable: builds fail (AITER_MLA_CACHE_DIR)" if st.cache.explicit else
-                          "not writable: builds go to the per-user temp fallback")
+            cache_note = f"not writable: {then}"
     info = {
         "versions": _versions(),
         "archs": {"all": list(ARCHS), "nvidia": list(NVIDIA_ARCHS), "amd": list(AMD_ARCHS)},

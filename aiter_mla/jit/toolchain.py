@@ -132,10 +132,10 @@ def _explicit_tool(var: str) -> str | None:
     value = env.get(var)
     if not value:
         return None
-    path = (shutil.which(value) or value) if os.sep not in value else value
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+    found = _first_executable([(var, (shutil.which(value) or value) if os.sep not in value else value)])
+    if found is None:
         raise ToolchainError(f"{var}={value!r} is not an executable file")
-    return os.path.abspath(path)   # relative to the caller's directory, not the staging folder
+    return found[1]
 
 
 def _find_nvcc() -> str:
