@@ -9,7 +9,8 @@ usage: python3 scripts/dev/template_ab.py OUTDIR NAME[:LOOP]=TEMPLATES_DIR [...]
   by scripts/dev/graph_timing.py (CUDA-graph replay, decode + reduce). Writes OUTDIR/ab.txt.
   env CASES: ';'-separated fp8_loop_check.timed_case names (default: the fp8 (128,1) and
   (64,1) cases below); ROUNDS (default 2); LOOP: an fp8 main loop to force in every arm
-  (decode.force_mainloop; default: the shipped choice).
+  (decode.force_mainloop; default: the shipped choice); WITH_METADATA=1: time the metadata kernel
+  too (get_mla_metadata_v1 + decode + reduce, as the bench's tiny case).
 """
 import os
 import subprocess
@@ -23,7 +24,7 @@ import op_tests.test_mla_persistent as T  # noqa: E402
 from aiter_mla.jit import core  # noqa: E402
 from aiter_mla.ops import decode as dec  # noqa: E402
 from aiter_mla.reference import relative_l2  # noqa: E402
-from scripts.dev.graph_timing import time_case  # noqa: E402
+from scripts.dev.graph_timing import graph_us, time_case  # noqa: E402
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
 DEFAULT_CASES = "fp8 (128,1) b64 c8192;fp8 (128,1) b64 c3200;fp8 (128,1) b128 c4096;fp8 (64,1) b128 c8192"
@@ -101,7 +102,11 @@ def main():
             for name, folder in arms[r % len(arms):] + arms[:r % len(arms)]:
                 use_templates(folder, loops[name])
                 bufs = T.plan(c)
-                t, o = time_case(c, bufs, h)
+                if os.environ.get("WITH_METADATA"):   # the bench's tiny case: metadata + decode + reduce
+                    o = torch.empty((c.q.shape[0], h, 512), dtype=torch.bfloat16, device="cuda")
+                    t = graph_us(lambda: (T.fill_plan(c, bufs), T.decode_with(c, bufs, o, lse_out=False)))
+                else:
+                    t, o = time_case(c, bufs, h)
                 times[name].append(t)
                 outs[name] = o.float()
         use_templates(None)
