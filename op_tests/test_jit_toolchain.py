@@ -62,8 +62,9 @@ def test_relative_templates_dir_builds(real_jit, monkeypatch, tmp_path):
 def test_relative_compiler_path_builds(real_jit, monkeypatch, tmp_path, var):
     """A compiler given relative to the current directory (AITER_MLA_NVCC=./nvcc, CUDA_HOME=cuda)
     builds: the compiler runs in a staging folder, so its path must be made absolute (it was
-    passed as given, and nvcc could not be started: exit status 127). ./cuda links the whole
-    toolkit, not nvcc alone: nvcc finds its headers from the folder it is started in."""
+    passed as given, and nvcc could not be started: exit status 127). ./cuda links the folder
+    above nvcc's real bin/ (the toolkit, or /usr/local for a wrapper), not nvcc alone: a toolkit's
+    nvcc finds its headers from the folder it is started in."""
     (tmp_path / "cuda").symlink_to(Path(shutil.which("nvcc")).resolve().parent.parent, target_is_directory=True)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(var, "./cuda/bin/nvcc" if var == "AITER_MLA_NVCC" else "cuda")

@@ -13,7 +13,7 @@ Supported (``SUPPORTED_SHAPES``, ``SUPPORTED_DTYPES``): heads x qlen of 128 on a
 power of two 1..256 (the kernel reads it from ``kv_buffer.shape[1]``, as AITER's HK entry does).
 
 Numerics (kernel: templates/mla_decode.cu.j2 + templates/common/mla_decode_sm90*.cuh): scores
-= q.k over 576 dims (tensor cores, fp32 accumulate; fp8 QK promoted to fp32 every 3 k-steps)
+= q.k over 576 dims (tensor cores, fp32 accumulate; fp8 QK promoted to fp32 every 3 k-steps, every 6 in the seesaw's tile pairs)
 x q_scale x kv_scale x sm_scale; exp2-based online softmax; output = (P.V) x kv_scale / l in
 bf16; LSE natural log. The default main loops (``DEFAULT_MAINLOOP``, ``FEW_ROWS_MAINLOOP``):
 fp8 "wgmma_seesaw" (more than 32 rows) and "wgmma_dual" (at most 32) run PV as an e4m3 wgmma

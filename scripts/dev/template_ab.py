@@ -102,7 +102,7 @@ def main():
             for name, folder in arms[r % len(arms):] + arms[:r % len(arms)]:
                 use_templates(folder, loops[name])
                 bufs = T.plan(c)
-                if os.environ.get("WITH_METADATA"):   # the bench's tiny case: metadata + decode + reduce
+                if os.environ.get("WITH_METADATA") == "1":   # the bench's tiny case: metadata + decode + reduce
                     o = torch.empty((c.q.shape[0], h, 512), dtype=torch.bfloat16, device="cuda")
                     t = graph_us(lambda: (T.fill_plan(c, bufs), T.decode_with(c, bufs, o, lse_out=False)))
                 else:

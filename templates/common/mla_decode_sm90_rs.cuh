@@ -10,7 +10,7 @@
 // Both products run transposed, with the query rows as the wgmma N = 32:
 //   QK: S^T[64 keys x 32 rows] = K[64 x 576] . Q^T, A = K (the KV stage) and B = the
 //       warpgroup's 32 Q rows, both K-major in shared memory; m64n32k32 e4m3, promoted in fp32
-//       every 3 k-steps as in the other fp8 loops.
+//       every 3 k-steps as in the other fp8 loops but the seesaw's pairs (6).
 //   PV: O^T[512 V columns x 32 rows] += V^T[512 x 64 keys] . P^T[64 keys x 32 rows], A = V^T
 //       from registers (ldmatrix.trans of the stage + prmt, as wgmma_ot) and B = P^T from
 //       shared memory; 8 m64 blocks of m64n32k32, 128 accumulators per thread.
