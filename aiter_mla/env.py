@@ -96,13 +96,14 @@ def _lookup(name: str) -> EnvVar:
 
 
 def get(name: str) -> str | None:
-    """The variable's value, or its declared default when unset or empty.
+    """The variable's value, or its declared default when unset, empty or blank (only spaces:
+    AITER_MLA_CACHE_DIR="  " made a folder named with two spaces in the current directory).
 
     Raises KeyError if ``name`` is not declared in the registry.
     """
     var = _lookup(name)
     value = os.environ.get(name)
-    if value is None or value == "":
+    if value is None or value.strip() == "":
         return var.default
     return value
 

@@ -3,6 +3,7 @@ and failed-compile errors, and the portable fp8/bf16 bit code checked against to
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import subprocess
 import sys
@@ -112,6 +113,25 @@ def test_gfx950_needs_newer_toolchain_says_so(real_jit, monkeypatch):
         pytest.skip("ROCm is installed")
     with pytest.raises(ToolchainError, match="gfx950 needs a newer toolchain.*clang 20"):
         core.build_variant("convert_fp8", arch="gfx950", out_dtype="bf16")
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not on PATH (install the CUDA toolkit)")
+def test_cuda_home_without_nvcc_warns(jit_clean, monkeypatch, tmp_path):
+    """CUDA_HOME naming a folder with no bin/nvcc: the nvcc found further on (PATH) is used, with
+    a warning naming CUDA_HOME and that nvcc (it was used silently: a fresh-user trial)."""
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "bogus"))
+    monkeypatch.delenv("AITER_MLA_NVCC", raising=False)
+    with pytest.warns(UserWarning, match=r"CUDA_HOME=.*bogus.* has no executable bin/nvcc; using .*nvcc \(from PATH\)"):
+        compiler = find_compiler("sm_90a", None)
+    assert compiler.path == os.path.abspath(shutil.which("nvcc"))
+
+
+def test_blank_cache_dir_means_the_default(monkeypatch):
+    """A variable of only spaces counts as unset (AITER_MLA_CACHE_DIR="  " made a folder named
+    with two spaces in the current directory)."""
+    from aiter_mla import env
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", "  ")
+    assert env.get("AITER_MLA_CACHE_DIR") is None
 
 
 def test_missing_nvcc_says_what_to_install(jit_clean, monkeypatch, tmp_path):

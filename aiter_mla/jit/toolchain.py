@@ -26,6 +26,7 @@ import shlex
 import shutil
 import struct
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,6 +147,10 @@ def _find_nvcc() -> str:
              for var in ("CUDA_HOME", "CUDA_PATH")]
     cands += [("PATH", shutil.which("nvcc")), ("default", "/usr/local/cuda/bin/nvcc")]
     found = _first_executable(cands)
+    named = next((var for var, path in cands[:2] if path is not None), None)   # the toolkit root set first
+    if found is not None and named is not None and found[0] != named:   # it has no nvcc: say which one is used
+        warnings.warn(f"{named}={env.get(named)!r} has no executable bin/nvcc; using {found[1]} (from {found[0]})",
+                      stacklevel=2)
     if found is None:
         raise ToolchainError(
             "nvcc not found (needed for sm_90a): install the CUDA toolkit (12.5 or newer), then "
