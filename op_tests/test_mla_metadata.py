@@ -792,9 +792,24 @@ def test_emulated_kernel_batch_4096(emulator):
                             nthreads=128)
 
 
+def test_emulated_kernel_block_per_batch(emulator):
+    """The device's block for fewer than 1024 batches: one thread per batch in whole warps
+    (aiter_mla_get_metadata_v1's launch; one warp at batch 1), so always one tile, its thread
+    count set by the batch. Batch sizes at and around the warp and block edges."""
+    rng = random.Random(32)
+    for B in (1, 2, 31, 32, 33, 64, 100, 500, 992, 993, 1023):
+        ps = rng.choice((1, 16, 64))
+        G = md.default_kv_granularity(ps)
+        lens = random_lengths(rng, "random", B, ps, G)
+        qlens = [rng.randint(1, 4) for _ in range(B)]
+        qo, kv, lpl = make_inputs(lens, qlens, ps)
+        emulate_and_compare(emulator, qo, kv, lpl, C=rng.choice((66, 132)), page_size=ps, G=G,
+                            thr=4, nthreads=min(1024, -(-B // 32) * 32))
+
+
 def test_emulated_kernel_full_block_and_many_tiles(emulator):
-    """The device's block shape (1024 threads: 32 warps in the cross-warp scan), one tile and
-    several, and 40000 batches (40 tiles with carries, as the GPU test)."""
+    """The device's block shape from 993 batches up (1024 threads: 32 warps in the cross-warp
+    scan), one tile and several, and 40000 batches (40 tiles with carries, as the GPU test)."""
     rng = random.Random(1024)
     for B, ps, kind in ((1000, 64, "random"), (4096, 1, "zeros"), (40000, 16, "random")):
         G = md.default_kv_granularity(ps)
