@@ -109,9 +109,10 @@ def get(name: str) -> str | None:
 
 
 def is_set(name: str) -> bool:
-    """Whether the declared variable is set to a non-empty value (``aiter-mla info``)."""
+    """Whether the declared variable is set to a value that is not empty or blank
+    (``aiter-mla info``; blank counts as unset, as in :func:`get`)."""
     _lookup(name)
-    return bool(os.environ.get(name))
+    return bool((os.environ.get(name) or "").strip())
 
 
 _TRUE = frozenset(("true", "yes", "on"))
@@ -119,7 +120,7 @@ _FALSE = frozenset(("false", "no", "off"))
 
 
 def get_int(name: str, default: int = 0) -> int:
-    """The variable parsed as an int (``default`` when unset or empty).
+    """The variable parsed as an int (``default`` when unset, empty or blank).
 
     AITER's knobs (``AITER_ENABLE_EXPERIMENTAL``, ``AITER_REBUILD``) follow AITER's ``atoi``
     rule: a non-numeric value counts as ``default`` ("abc" is off). Every other variable
@@ -147,7 +148,7 @@ def get_int(name: str, default: int = 0) -> int:
 
 
 def get_float(name: str, default: float, minimum: float | None = None) -> float:
-    """The variable parsed as a float (``default`` when unset or empty); ValueError naming
+    """The variable parsed as a float (``default`` when unset, empty or blank); ValueError naming
     the variable for a non-number or a value below ``minimum``."""
     value = get(name)
     if value is None:
@@ -162,7 +163,8 @@ def get_float(name: str, default: float, minimum: float | None = None) -> float:
 
 
 def get_flag(name: str) -> bool:
-    """True for 1 / true / yes / on, False for 0 / false / no / off (case-insensitive).
+    """True for 1 / true / yes / on, False for 0 / false / no / off (case-insensitive); unset,
+    empty or blank is False.
 
     AITER's knobs keep AITER's ``atoi`` rule (any non-zero int is on, non-numeric is off); for
     ours any other value, such as ``AITER_MLA_DISABLE_JIT=maybe`` or ``=2``, raises ValueError
@@ -186,7 +188,7 @@ def check_values() -> None:
     the first malformed one (the CLI runs this before every command, so a typo such as
     ``AITER_MLA_LOCK_TIMEOUT=-1`` fails at once instead of at the first build)."""
     for name, var in sorted(_REGISTRY.items()):
-        if os.environ.get(name) in (None, ""):
+        if not is_set(name):
             continue
         if var.kind == "flag":
             get_flag(name)

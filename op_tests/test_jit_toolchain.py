@@ -121,6 +121,7 @@ def test_cuda_home_without_nvcc_warns(jit_clean, monkeypatch, tmp_path):
     a warning naming CUDA_HOME and that nvcc (it was used silently: a fresh-user trial)."""
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "bogus"))
     monkeypatch.delenv("AITER_MLA_NVCC", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)   # a valid one would be found before PATH
     with pytest.warns(UserWarning, match=r"CUDA_HOME=.*bogus.* has no executable bin/nvcc; using .*nvcc \(from PATH\)"):
         compiler = find_compiler("sm_90a", None)
     assert compiler.path == os.path.abspath(shutil.which("nvcc"))
@@ -128,10 +129,16 @@ def test_cuda_home_without_nvcc_warns(jit_clean, monkeypatch, tmp_path):
 
 def test_blank_cache_dir_means_the_default(monkeypatch):
     """A variable of only spaces counts as unset (AITER_MLA_CACHE_DIR="  " made a folder named
-    with two spaces in the current directory)."""
+    with two spaces in the current directory), for info's "set" too; a blank HOME falls back to
+    the account's home folder, not to "  /.cache"."""
+    import pwd
     from aiter_mla import env
+    from aiter_mla.jit import cache
     monkeypatch.setenv("AITER_MLA_CACHE_DIR", "  ")
-    assert env.get("AITER_MLA_CACHE_DIR") is None
+    assert env.get("AITER_MLA_CACHE_DIR") is None and not env.is_set("AITER_MLA_CACHE_DIR")
+    monkeypatch.setenv("HOME", "  ")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert cache.default_root() == Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "aiter_mla"
 
 
 def test_missing_nvcc_says_what_to_install(jit_clean, monkeypatch, tmp_path):

@@ -792,19 +792,22 @@ def test_emulated_kernel_batch_4096(emulator):
                             nthreads=128)
 
 
-def test_emulated_kernel_block_per_batch(emulator):
-    """The device's block for fewer than 1024 batches: one thread per batch in whole warps
-    (aiter_mla_get_metadata_v1's launch; one warp at batch 1), so always one tile, its thread
-    count set by the batch. Batch sizes at and around the warp and block edges."""
+def test_emulated_kernel_block_per_work(emulator):
+    """The device's block below 1024 possible works: a thread for each work the schedule can
+    have (batch + clusters - 1), in whole warps (aiter_mla_get_metadata_v1's launch), so one
+    tile and one round of works. Batch sizes at and around the warp and block edges, long
+    contexts so that batches are cut."""
     rng = random.Random(32)
-    for B in (1, 2, 31, 32, 33, 64, 100, 500, 992, 993, 1023):
+    for B in (1, 2, 31, 32, 33, 64, 100, 500, 900, 959, 1000):
+        C = rng.choice((66, 132))
         ps = rng.choice((1, 16, 64))
         G = md.default_kv_granularity(ps)
         lens = random_lengths(rng, "random", B, ps, G)
         qlens = [rng.randint(1, 4) for _ in range(B)]
         qo, kv, lpl = make_inputs(lens, qlens, ps)
-        emulate_and_compare(emulator, qo, kv, lpl, C=rng.choice((66, 132)), page_size=ps, G=G,
-                            thr=4, nthreads=min(1024, -(-B // 32) * 32))
+        s = emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=ps, G=G, thr=4,
+                                nthreads=min(1024, -(-(B + C - 1) // 32) * 32))
+        assert len(s.work_info) <= B + C - 1   # the launch's bound on the works
 
 
 def test_emulated_kernel_full_block_and_many_tiles(emulator):

@@ -85,8 +85,17 @@ def default_root() -> Path:
     xdg = env.get("XDG_CACHE_HOME")
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "aiter_mla"
-    home = env.get("HOME") or os.path.expanduser("~")
-    return Path(home) / ".cache" / "aiter_mla"
+    return Path(env.get("HOME") or _account_home()) / ".cache" / "aiter_mla"
+
+
+def _account_home() -> str:
+    """The user's home folder from the password database: HOME is unset or blank here, and
+    os.path.expanduser("~") would read that blank HOME back (a cache under "  /.cache")."""
+    try:
+        import pwd
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except (ImportError, KeyError):
+        return os.path.expanduser("~")
 
 
 def fallback_root() -> Path:
