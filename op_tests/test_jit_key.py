@@ -228,3 +228,16 @@ def test_lookup_id_covers_the_template_constants(monkeypatch):
     monkeypatch.setattr(arch, "NVIDIA_ARCHS", (*arch.NVIDIA_ARCHS, "sm_100a"))
     archs = keymod.lookup_id(inputs, "tree")
     assert len({before, slack, archs}) == 3
+
+
+def test_reset_state_forgets_the_ops_kernel_handles():
+    """The reduce and metadata ops keep their loaded module per device, outside the JIT memo:
+    reset_state must drop those too, or a process that switches templates or cache roots keeps
+    running the old kernels (scripts/dev/template_ab.py timed every arm with the first arm's
+    reduce and metadata that way: docs/perf/notes.md change 22)."""
+    from aiter_mla.ops import metadata, reduce
+
+    reduce._fns[12345] = ("stale launch", "stale error string")
+    metadata._kernels[12345] = "stale kernel"
+    core.reset_state()
+    assert 12345 not in reduce._fns and 12345 not in metadata._kernels

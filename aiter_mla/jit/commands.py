@@ -17,6 +17,7 @@ from .. import __version__, env
 from ..paths import unmakeable_folder_reason
 from ..arch import AMD_ARCHS, ARCHS, NVIDIA_ARCHS, is_experimental_enabled
 from . import core, third_party
+from .cache import is_cache_key
 from .config import ParamError, load_config, templates_dir
 from .render import describe, render
 from .toolchain import ToolchainError, find_compiler, interruptible
@@ -233,11 +234,12 @@ def cmd_list(args) -> int:
                "params": {k: list(v) for k, v in m.params.items()}, "variants": []}
         for v in m.default_variants:
             status, detail = _cache_status(name, v)
-            if len(detail) == 64:  # a key: its entry is this row, not an "extra" one
+            is_key = is_cache_key(detail)
+            if is_key:  # its entry is this row, not an "extra" one
                 listed.add(detail)
             mod["variants"].append({"params": v, "default": True, "status": status,
-                                    "key": detail if len(detail) == 64 else None,
-                                    "note": None if len(detail) == 64 else detail})
+                                    "key": detail if is_key else None,
+                                    "note": None if is_key else detail})
         rows.append(mod)
     for e in st.cache.entries():  # cached non-default variants (and other toolchains)
         meta = e["meta"] or {}

@@ -50,6 +50,14 @@ class CompileOnlyError(RuntimeError):
 _memo: dict[tuple, Module] = {}
 _global_lock = threading.Lock()
 _variant_locks: dict[tuple, threading.Lock] = {}
+_reset_hooks: list = []   # callables reset_state() runs (on_reset)
+
+
+def on_reset(hook) -> None:
+    """Have :func:`reset_state` call ``hook()``: for an op that keeps its own handle on a loaded
+    module (the reduce and metadata ops, per device), which would otherwise outlive the memo and
+    keep serving a module of the old templates or cache root."""
+    _reset_hooks.append(hook)
 
 
 class _State:
@@ -113,7 +121,8 @@ def _get_state() -> _State:
 
 
 def reset_state() -> None:
-    """Forget everything this process learned (memo, cache root, compilers, rebuilt set).
+    """Forget everything this process learned (memo, cache root, compilers, rebuilt set, the
+    ops' own handles on loaded modules).
     For tests that change the environment between calls; loaded libraries stay mapped."""
     global _state
     with _global_lock:
@@ -122,6 +131,8 @@ def reset_state() -> None:
         _state = None
     keymod._codegen.clear()
     third_party._env_trees.clear()
+    for hook in _reset_hooks:
+        hook()
 
 
 @dataclass(frozen=True)

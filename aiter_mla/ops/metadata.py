@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import arch as _arch
+from ..jit import core as _jit_core
 from .metadata_reference import (
     INT32_MAX,
     check_int,
@@ -307,6 +308,7 @@ except ImportError:  # pragma: no cover (CPU-only torch builds)
 
 
 _kernels: dict[int, _Kernel] = {}
+_jit_core.on_reset(_kernels.clear)
 _kernels_lock = threading.Lock()
 
 

@@ -15,7 +15,7 @@ import torch
 
 from .. import arch as _arch
 from ..arch import V_HEAD_DIM
-from ..jit import get_module
+from ..jit import core as _jit_core, get_module
 
 __all__ = ["mla_reduce_v1"]
 
@@ -23,6 +23,7 @@ _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 _ARGTYPES = [_P] * 7 + [_I64] * 7 + [_I32] * 4 + [ctypes.c_int, _P]
 
 _fns: dict[int, tuple] = {}  # device index -> (launch fn, error-string fn)
+_jit_core.on_reset(_fns.clear)
 _fns_lock = threading.Lock()
 _INT32_MAX = 2**31 - 1
 

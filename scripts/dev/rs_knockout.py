@@ -19,7 +19,6 @@ sys.path.insert(0, os.getcwd())
 import op_tests.test_mla_persistent as T  # noqa: E402
 from aiter_mla.jit import core  # noqa: E402
 from aiter_mla.ops import decode as dec  # noqa: E402
-from aiter_mla.ops import metadata as md_op, reduce as red_op  # noqa: E402
 from scripts.dev.graph_timing import time_case  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
@@ -92,9 +91,7 @@ for name, h, qlen, b, ctx in CASES:
     bufs = T.plan(c)
     for loop, opt in [("wgmma_ot", "shipped")] + [("wgmma_rs", o) for o in OPTS]:
         os.environ["AITER_MLA_TEMPLATES_DIR"] = os.path.join(outdir, f"templates_{opt}")
-        core.reset_state()
-        red_op._fns.clear()     # the reduce and metadata ops keep their first-loaded kernels
-        md_op._kernels.clear()  # (template_ab.use_templates does the same)
+        core.reset_state()   # also the reduce and metadata ops' handles on loaded kernels
         dec.DEFAULT_MAINLOOP["fp8"] = loop
         try:
             t, _ = time_case(c, bufs, h)

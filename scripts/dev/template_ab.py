@@ -23,7 +23,6 @@ sys.path.insert(0, os.getcwd())
 import op_tests.test_mla_persistent as T  # noqa: E402
 from aiter_mla.jit import core  # noqa: E402
 from aiter_mla.ops import decode as dec  # noqa: E402
-from aiter_mla.ops import metadata as md_op, reduce as red_op  # noqa: E402
 from aiter_mla.reference import relative_l2  # noqa: E402
 from scripts.dev.graph_timing import graph_us, time_case  # noqa: E402
 
@@ -53,11 +52,10 @@ def use_templates(folder, loop=None):
         os.environ["AITER_MLA_TEMPLATES_DIR"] = folder
     else:
         os.environ.pop("AITER_MLA_TEMPLATES_DIR", None)
-    core._memo.clear()   # loaded modules are memoised by parameters, not by templates
-    # ... and the reduce and metadata ops keep their loaded kernel per device: without this,
-    # every arm ran the first arm's reduce and metadata kernels (change 22 found it)
-    red_op._fns.clear()
-    md_op._kernels.clear()
+    # loaded modules are memoised by parameters, not by templates, and the reduce and metadata
+    # ops keep their own handles (a memo clear alone left every arm on the first arm's reduce
+    # and metadata kernels: change 22); reset_state forgets both
+    core.reset_state()
 
 
 def main():
