@@ -413,7 +413,7 @@ def test_compile_only_builds_one_decode_variant_per_tile_shape(tmp_path):
 
 
 def test_compile_only_unsupported_shape(capsys):
-    # an argument error: exit 2, as for a bad --mainloop (it was 1)
+    # an argument error: exit 2, as for a bad size (it was 1)
     assert main(["bench", "--compile-only", "-n", "48,1", "--no-progress"]) == 2
     assert "(48, 1) is not supported" in capsys.readouterr().err
 
@@ -562,37 +562,15 @@ def test_sweep_orchestration_on_cpu_with_a_stand_in_op(monkeypatch, tmp_path):
     assert "| step µs |" in md_text and "| 15.0 |" in md_text
 
 
-def test_mainloop_flag_selects_the_ops_loop_or_refuses(monkeypatch, capsys):
-    """--mainloop sets the op's dispatch (DEFAULT_MAINLOOP) for the KV dtype; an unknown loop or
-    one without a kernel for that dtype exits 2 before building anything."""
+def test_bad_arguments_exit_2_before_building(monkeypatch, capsys):
+    """A bad dtype pair, size or tag exits 2 before building anything."""
     from aiter_mla.bench import commands
-    from aiter_mla.ops import decode
 
-    monkeypatch.setitem(decode.DEFAULT_MAINLOOP, "fp8", decode.DEFAULT_MAINLOOP["fp8"])
-    monkeypatch.setitem(decode.FEW_ROWS_MAINLOOP, "fp8", decode.FEW_ROWS_MAINLOOP["fp8"])
-    seen = {}
-    def fake_compile_only(args):
-        seen["loop"] = decode.DEFAULT_MAINLOOP["fp8"]
-        return 0
-
-    monkeypatch.setattr(commands, "compile_only", fake_compile_only)
+    built = []
+    monkeypatch.setattr(commands, "compile_only", lambda args: built.append(args) or 0)
     parser = argparse.ArgumentParser()
     commands.add_arguments(parser)
-    args = parser.parse_args(["--compile-only", "--mainloop", "wgmma_ws"])
-    assert commands.run(args) == 0 and seen["loop"] == "wgmma_ws"
-    assert "--mainloop wgmma_ws" in commands.command_line(args)
-    # a <= 32-row loop on a sweep with wider shapes says which loop those use
-    decode.FEW_ROWS_MAINLOOP["fp8"] = "wgmma_ot"   # (restored by monkeypatch)
-    def fake_compile_only_few(args):
-        seen["few"] = decode.FEW_ROWS_MAINLOOP["fp8"]
-        return 0
-    monkeypatch.setattr(commands, "compile_only", fake_compile_only_few)
-    assert commands.run(parser.parse_args(["--compile-only", "-n", "16,1", "128,1", "--mainloop", "wgmma_dual"])) == 0
-    assert "runs the <= 32-row shapes only; (128,1) use wgmma_" in capsys.readouterr().err
-    assert seen["few"] == "wgmma_dual"
-    for argv, needle in [(["--mainloop", "tma"], "must be one of"),
-                         (["-d", "bf16", "-kvd", "bf16", "--mainloop", "wgmma_ot"], "has kernels for kv dtypes"),
-                         (["-d", "bf16"], "-d bf16 with -kvd fp8: the kernels take Q and KV of one dtype"),
+    for argv, needle in [(["-d", "bf16"], "-d bf16 with -kvd fp8: the kernels take Q and KV of one dtype"),
                          (["-kvd", "bf16"], "give -d and -kvd the same value"),
                          (["-b", "1", "-c", "1000000000", "--varlen"], "--varlen draws up to 8 x ctx"),
                          (["-b", "1", "-c", "3000000000"], "a request must have < 2**31 KV tokens"),
@@ -601,6 +579,7 @@ def test_mainloop_flag_selects_the_ops_loop_or_refuses(monkeypatch, capsys):
                          (["--tag", "a/b"], "--tag 'a/b': it becomes part of file names")]:
         assert commands.run(parser.parse_args(["--compile-only", *argv])) == 2
         assert needle in capsys.readouterr().err
+    assert built == []
     # so is an -o that cannot be made, but only for a sweep: --compile-only writes nothing there
     monkeypatch.setattr(commands, "compile_only", lambda args: 0)
     assert commands.run(parser.parse_args(["--compile-only", "-o", "/proc/version/x"])) == 0

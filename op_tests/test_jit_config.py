@@ -30,7 +30,7 @@ def test_repository_config_is_valid():
 def test_decode_default_variants_are_what_the_op_picks():
     """``jit build --all`` pre-builds the decode variants that ``mla_decode_fwd`` picks for the
     main shapes at page 64 (128 / 64 / 16 heads, fp8 and bf16), so a change of
-    ``decode.DEFAULT_MAINLOOP`` must come with jit_config.json's default_variants."""
+    ``decode.mainloop_for`` must come with jit_config.json's default_variants."""
     import torch
 
     from aiter_mla.ops import decode
@@ -165,11 +165,15 @@ def test_missing_template_and_syntax_error(tmp_path):
 
 
 @pytest.mark.parametrize("params,needle", [
-    (dict(mainloop="wgmma_ot", block_n=32), "block_n 64"),
-    (dict(mainloop="wgmma_ws", block_n=32), "block_n 64"),
-    (dict(q_dtype="fp8", kv_dtype="bf16", mainloop="wgmma_ws"), "must be equal"),
-    (dict(q_dtype="bf16", kv_dtype="fp8", mainloop="wgmma_ws"), "must be equal"),
-    (dict(q_dtype="bf16", kv_dtype="bf16", mainloop="wgmma_ot"), "fp8 only"),
+    (dict(mainloop="tile_pairs", block_n=32), "block_n 64"),
+    (dict(mainloop="key_halves", q_dtype="bf16", kv_dtype="bf16", block_n=32), "block_n 64"),
+    (dict(q_dtype="fp8", kv_dtype="bf16", mainloop="key_halves"), "must be equal"),
+    (dict(q_dtype="bf16", kv_dtype="fp8", mainloop="key_halves"), "must be equal"),
+    (dict(q_dtype="bf16", kv_dtype="bf16", mainloop="tile_pairs"), "fp8 only"),
+    (dict(q_dtype="bf16", kv_dtype="bf16", mainloop="warpgroup_works"), "fp8 only"),
+    (dict(mainloop="warpgroup_works", block_m=128), "at most 32 rows"),
+    (dict(mainloop="key_halves"), "bf16 only"),
+    (dict(mainloop="wgmma_ot"), "allowed: 'tile_pairs', 'warpgroup_works', 'key_halves'"),
 ])
 def test_decode_combinations_without_a_kernel_are_refused_before_compiling(params, needle):
     """What the decode template would reject with #error is refused by the config first."""
@@ -177,6 +181,7 @@ def test_decode_combinations_without_a_kernel_are_refused_before_compiling(param
 
     m = load_config().module("mla_decode")
     base = dict(arch="sm_90a", block_m=64, page_size=64, block_n=64, mask="none", q_dtype="fp8",
-                kv_dtype="fp8", mainloop="wgmma_ot")
+                kv_dtype="fp8", mainloop="tile_pairs")
+    m.check_params(base)   # the base itself is a kernel the template has
     with pytest.raises(ParamError, match=needle):
         m.check_params({**base, **params})

@@ -8,9 +8,9 @@ max(3e-2, 1.25 x the error of the reference with AITER's fp8-rounded P). LSE is 
 (<= 2e-3), except in test_peaked_scores_accuracy (DeepSeek-like scores), whose own docstring
 says why.
 
-Every GPU test runs once per sm_90a main loop (``mainloop`` fixture: every entry of
-``decode.MAINLOOPS``, forced through ``decode.DEFAULT_MAINLOOP``; a loop without a kernel for a
-test's dtype skips it), so no kernel path can break unnoticed.
+The main loop follows from the case (``decode.mainloop_for``): fp8 above 32 rows runs
+``tile_pairs``, fp8 at most 32 rows ``warpgroup_works``, bf16 ``key_halves``; the grids below
+reach all three, at page sizes on both sides of the TMA threshold (8).
 
 A results table (case, rel L2, LSE error, tolerance) is printed at the end of the session.
 """
@@ -42,74 +42,31 @@ gpu = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU (sm_90a); none is visible")
 
 _RESULTS: list[tuple] = []
-_LOOP = {"name": "default"}   # main loop of the running test, for the results table
 
 
 # ------------------------------------------------------------------------------------------
 # session fixtures: build every variant once, in parallel; print the results table
 
 
-def _all_variants(loops=dec.MAINLOOPS):
+def _all_variants():
     out = []
-    for loop in loops:
-        for heads, qlen in SHAPES:
-            for p in PAGE_SIZES:
-                for name, dt in DTYPES.items():
-                    if name not in dec.MAINLOOP_DTYPES[loop]:
-                        continue
-                    if loop in dec.DUAL_LOOPS and heads * qlen > dec.FEW_ROWS:
-                        continue
-                    v = dec.decode_variant(heads, qlen, p, dt, dt, mainloop=loop)
-                    if v not in out:
-                        out.append(v)
+    for heads, qlen in SHAPES:
+        for p in PAGE_SIZES:
+            for dt in DTYPES.values():
+                v = dec.decode_variant(heads, qlen, p, dt, dt)
+                if v not in out:
+                    out.append(v)
     return out
-
-
-#: Rows (heads x qlen) of the tests that take no heads / qlen parameter and run one fixed shape.
-FIXED_SHAPE_ROWS = {"test_partial_last_page_nan": 32, "test_dual_rings_wrap_with_one_cta": 16}
-
-
-@pytest.fixture(params=dec.MAINLOOPS)
-def mainloop(request, monkeypatch):
-    """Runs the test with every op call on the given sm_90a main loop (for the dtypes it has a
-    kernel for; a test parametrized on another dtype is skipped)."""
-    params = getattr(request.node, "callspec", None) and request.node.callspec.params or {}
-    dtype = params.get("dtype")
-    if dtype is not None and dtype not in dec.MAINLOOP_DTYPES[request.param]:
-        pytest.skip(f"mainloop {request.param} has no {dtype} kernel")
-    if request.param in dec.DUAL_LOOPS:
-        # only shapes of <= FEW_ROWS rows reach a dual loop; a test without a shape parameter
-        # runs one only if listed (the others would re-test the default loops under its name)
-        if "heads" in params:
-            rows = params["heads"] * params["qlen"]
-        else:
-            rows = FIXED_SHAPE_ROWS.get(request.node.originalname, dec.FEW_ROWS + 1)
-        if rows > dec.FEW_ROWS:
-            pytest.skip(f"mainloop {request.param} runs <= {dec.FEW_ROWS} rows only; this case has {rows}")
-    for dt in DTYPES:
-        if dt in dec.MAINLOOP_DTYPES[request.param]:
-            monkeypatch.setitem(dec.DEFAULT_MAINLOOP, dt, dec.DEFAULT_MAINLOOP[dt])
-            monkeypatch.setitem(dec.FEW_ROWS_MAINLOOP, dt, dec.FEW_ROWS_MAINLOOP[dt])
-            dec.force_mainloop(dt, request.param)
-    _LOOP["name"] = request.param
-    yield request.param
-    _LOOP["name"] = "default"
 
 
 @pytest.fixture(scope="session")
 def warm(request):
-    """Builds (or loads) every decode variant the selected tests use, 16 at a time: those of
-    the main loops they run (the ``mainloop`` fixture's, plus the default loops)."""
+    """Builds (or loads) every decode variant the tests use, 16 at a time."""
     if not HAS_GPU:
         pytest.skip("needs an NVIDIA GPU (sm_90a); none is visible")
     from aiter_mla.jit import get_module
 
-    loops = {dec.DEFAULT_MAINLOOP[d] for d in dec.DEFAULT_MAINLOOP} | set(dec.FEW_ROWS_MAINLOOP.values())
-    for item in request.session.items:
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and "mainloop" in callspec.params:
-            loops.add(callspec.params["mainloop"])
-    variants = _all_variants([loop for loop in dec.MAINLOOPS if loop in loops])
+    variants = _all_variants()
     with concurrent.futures.ThreadPoolExecutor(max_workers=16) as ex:
         list(ex.map(lambda v: get_module("mla_decode", **v), variants))
     return variants
@@ -240,7 +197,8 @@ def check(name, c: Case, o, lse):
     err = relative_l2(o, ref_out)
     tol = tolerance(c.q.dtype, ref_out, reference(c, fp8_p=True)[0] if c.q.dtype == FP8 else None)
     lerr = lse_error(lse, ref_lse)
-    _RESULTS.append((f"[{_LOOP['name']}] {name}", err, tol, lerr))
+    loop = dec.decode_variant(c.heads, c.max_seqlen_q, c.page_size, c.q.dtype, c.kv.dtype)["mainloop"]
+    _RESULTS.append((f"[{loop}] {name}", err, tol, lerr))
     assert err <= tol, f"{name}: relative L2 {err:.3e} > {tol:.3e}"
     assert lerr <= 2e-3, f"{name}: LSE error {lerr:.3e}"
     return err
@@ -250,11 +208,11 @@ def check(name, c: Case, o, lse):
 # CPU: variant selection and unsupported shapes
 
 
-#: Per-thread stack (spilled registers) of the default decode variants, measured at acedbf4
-#: (cuobjdump -res-usage; docs/perf/notes.md changes 18, 19): wgmma_seesaw 72 B, wgmma_dual
-#: 160 B (152 before change 19 moved the scale loads behind the barrier set-up), wgmma_ws none.
-#: The bounds leave a little room and catch a loop that starts spilling more.
-DEFAULT_VARIANT_STACK_BOUND = {"wgmma_seesaw": 96, "wgmma_dual": 168, "wgmma_ws": 0}
+#: Per-thread stack (spilled registers) of the decode variants, measured at acedbf4
+#: (cuobjdump -res-usage; docs/perf/notes.md, issue 6 changes 18 and 19): tile_pairs 72 B,
+#: warpgroup_works 160 B, key_halves none. The bounds leave a little room and catch a loop that
+#: starts spilling more.
+DEFAULT_VARIANT_STACK_BOUND = {"tile_pairs": 96, "warpgroup_works": 168, "key_halves": 0}
 
 
 @pytest.mark.parametrize("heads,dtype", [(128, "fp8"), (64, "fp8"), (16, "fp8"), (128, "bf16"), (64, "bf16")])
@@ -284,44 +242,11 @@ def test_default_decode_variant_builds_with_wgmma(private_cache, cuobjdump_sass,
     assert "LOCAL:0" in res, res
 
 
-def test_force_and_restore_mainloop():
-    """force_mainloop sets the loop picked with none asked for (a DUAL_LOOPS loop on the <= 32-row
-    shapes only); restore_mainloop undoes it and refuses anything but what force returned."""
-    before = (dict(dec.DEFAULT_MAINLOOP), dict(dec.FEW_ROWS_MAINLOOP))
-    try:
-        old = dec.force_mainloop("fp8", "wgmma_rs")
-        assert [dec.decode_variant(h, q, 64, FP8, FP8)["mainloop"] for h, q in ((16, 1), (128, 1))] == ["wgmma_rs"] * 2
-        dec.restore_mainloop("fp8", old)
-        assert (dec.DEFAULT_MAINLOOP, dec.FEW_ROWS_MAINLOOP) == before
-        old = dec.force_mainloop("fp8", "wgmma_dual")
-        assert dec.decode_variant(32, 1, 64, FP8, FP8)["mainloop"] == "wgmma_dual"
-        assert dec.decode_variant(64, 1, 64, FP8, FP8)["mainloop"] == before[0]["fp8"]
-        dec.restore_mainloop("fp8", old)
-        assert (dec.DEFAULT_MAINLOOP, dec.FEW_ROWS_MAINLOOP) == before
-        for dtype, loop, needle in [("fp16", "wgmma_rs", "dtype must be one of \\('fp8', 'bf16'\\).*'fp16'"),
-                                    (FP8, "wgmma_rs", "dtype must be one of"),
-                                    ("fp8", "tma", "mainloop must be one of"),
-                                    ("bf16", "wgmma_dual", "has kernels for kv dtypes")]:
-            with pytest.raises(ValueError, match=needle):
-                dec.force_mainloop(dtype, loop)
-        for dtype, old, needle in [("xx", {"default": "wgmma_ot", "few_rows": None}, "dtype must be one of"),
-                                   ("fp8", {}, "old must be the dict force_mainloop returned"),
-                                   ("fp8", None, "old must be the dict"),
-                                   ("fp8", {"default": "bogus", "few_rows": None}, "old\\['default'\\] must be one of"),
-                                   ("fp8", {"default": "wgmma_dual", "few_rows": None}, "old\\['default'\\]"),
-                                   ("bf16", {"default": "wgmma_ws", "few_rows": "wgmma_ot"}, "old\\['few_rows'\\]")]:
-            with pytest.raises(ValueError, match=needle):
-                dec.restore_mainloop(dtype, old)
-        assert (dec.DEFAULT_MAINLOOP, dec.FEW_ROWS_MAINLOOP) == before   # refused: nothing changed
-    finally:
-        dec.DEFAULT_MAINLOOP.clear(); dec.DEFAULT_MAINLOOP.update(before[0])
-        dec.FEW_ROWS_MAINLOOP.clear(); dec.FEW_ROWS_MAINLOOP.update(before[1])
-
-
 def test_cluster_count_arguments_are_checked():
     """launch_grid_x and arch.num_clusters refuse non-int (and launch_grid_x < 1) counts; a float
     num_heads_k gave a float cluster count and clusters 0 gave grid 1."""
-    v = dec.decode_variant(16, 1, 64, FP8, FP8, mainloop="wgmma_dual")
+    v = dec.decode_variant(16, 1, 64, FP8, FP8)
+    assert v["mainloop"] == "warpgroup_works"
     for bad, exc in ((0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError), ("4", TypeError)):
         with pytest.raises(exc, match="clusters must be"):
             dec.launch_grid_x(v, bad)
@@ -332,33 +257,29 @@ def test_cluster_count_arguments_are_checked():
 
 
 def test_variant_selection():
+    """Every supported shape, page size and dtype maps to one variant: block_m from the rows,
+    block_n 64, causal for qlen > 1, and the main loop of its (dtype, rows): tile_pairs for fp8
+    above 32 rows, warpgroup_works for fp8 at most 32, key_halves for bf16."""
     v = dec.decode_variant(128, 1, 64, FP8, FP8)
     assert v == dict(arch="sm_90a", block_m=128, page_size=64, block_n=64, mask="none",
-                     q_dtype="fp8", kv_dtype="fp8", mainloop=dec.DEFAULT_MAINLOOP["fp8"])
-    for loop in dec.DUAL_LOOPS:
-        with pytest.raises(ValueError, match=f"mainloop '{loop}' runs num_heads \\* max_seqlen_q <= 32 rows, got 128 \\* 1"):
-            dec.decode_variant(128, 1, 64, FP8, FP8, mainloop=loop)
-        assert dec.decode_variant(32, 1, 64, FP8, FP8, mainloop=loop)["block_m"] == 64
-    # with no loop asked for, the <= 32-row shapes take FEW_ROWS_MAINLOOP, the others DEFAULT_MAINLOOP
-    assert dec.decode_variant(16, 2, 64, FP8, FP8)["mainloop"] == dec.FEW_ROWS_MAINLOOP["fp8"]
-    assert dec.decode_variant(64, 1, 64, FP8, FP8)["mainloop"] == dec.DEFAULT_MAINLOOP["fp8"]
-    for loop in dec.MAINLOOPS:
-        if "bf16" not in dec.MAINLOOP_DTYPES[loop]:
-            with pytest.raises(ValueError, match=f"mainloop '{loop}' has kernels for kv dtypes"):
-                dec.decode_variant(16, 4, 16, torch.bfloat16, torch.bfloat16, mainloop=loop)
-            continue
-        w = dec.decode_variant(16, 4, 16, torch.bfloat16, torch.bfloat16, mainloop=loop)
-        assert w["mainloop"] == loop and w["mask"] == "causal"
-        assert w["block_n"] == (32 if loop == "mma" else 64)   # wgmma's unpadded bf16 tiles fit block_n 64
-    with pytest.raises(ValueError, match="mainloop"):
-        dec.decode_variant(128, 1, 64, FP8, FP8, mainloop="tma")
+                     q_dtype="fp8", kv_dtype="fp8", mainloop="tile_pairs")
+    want_block_m = {128: 128, 64: 64, 32: 64, 16: 64}
+    for heads, qlen in dec.SUPPORTED_SHAPES:
+        rows = heads * qlen
+        for page_size in (1, 8, 256):
+            for name, dt in DTYPES.items():
+                v = dec.decode_variant(heads, qlen, page_size, dt, dt)
+                loop = "key_halves" if name == "bf16" else ("warpgroup_works" if rows <= 32 else "tile_pairs")
+                assert v == dict(arch="sm_90a", block_m=want_block_m[rows], page_size=page_size, block_n=64,
+                                 mask="causal" if qlen > 1 else "none", q_dtype=name, kv_dtype=name,
+                                 mainloop=loop), (heads, qlen, page_size, name)
+    assert set(dec.MAINLOOPS) == {"tile_pairs", "warpgroup_works", "key_halves"}
+    with pytest.raises(TypeError, match="mainloop"):   # the loop is not the caller's to choose
+        dec.decode_variant(128, 1, 64, FP8, FP8, mainloop="tile_pairs")
     for args, name in [((128, 1, 64.0), "page_size"), ((128, 1, True), "page_size"),
                        ((128, 1.5, 64), "max_seqlen_q"), (("128", 1, 64), "num_heads")]:
         with pytest.raises(TypeError, match=f"{name} must be an int"):
             dec.decode_variant(*args, FP8, FP8)
-    assert dec.decode_variant(16, 4, 1, torch.bfloat16, torch.bfloat16)["block_m"] == 64
-    assert dec.decode_variant(16, 4, 1, torch.bfloat16, torch.bfloat16)["mask"] == "causal"
-    assert dec.decode_variant(16, 1, 16, torch.bfloat16, torch.bfloat16, mainloop="mma")["block_n"] == 32
     for heads, qlen in [(8, 1), (128, 2), (16, 16), (48, 1)]:
         with pytest.raises(NotImplementedError, match=r"supported \(num_heads, max_seqlen_q\)"):
             dec.decode_variant(heads, qlen, 64, FP8, FP8)
@@ -371,16 +292,14 @@ def test_variant_selection():
 
 
 def test_launch_grid_x():
-    """wgmma_dual runs two clusters per CTA (one per warpgroup, grid.x = ceil(clusters / 2));
-    every other variant launches one CTA column per cluster (a 128-row work's two 64-row CTAs
-    are the column's blockIdx.y 0 / 1, and arch.num_clusters gives those shapes num_cu / 2)."""
-    for loop in dec.MAINLOOPS:
+    """warpgroup_works runs two clusters per CTA (one per warpgroup, grid.x = ceil(clusters / 2));
+    the other loops launch one CTA column per cluster (a 128-row work's two 64-row CTAs are the
+    column's blockIdx.y 0 / 1, and arch.num_clusters gives those shapes num_cu / 2)."""
+    for dt in DTYPES.values():
         for heads, qlen in [(128, 1), (16, 1), (16, 4)]:
-            if loop == "wgmma_dual" and heads * qlen > 32:
-                continue
-            v = dec.decode_variant(heads, qlen, 64, FP8, FP8, mainloop=loop)
+            v = dec.decode_variant(heads, qlen, 64, dt, dt)
             for clusters in (1, 7, 132):
-                want = (clusters + 1) // 2 if loop == "wgmma_dual" else clusters
+                want = (clusters + 1) // 2 if v["mainloop"] == "warpgroup_works" else clusters
                 assert dec.launch_grid_x(v, clusters) == want
 
 
@@ -443,7 +362,7 @@ def test_public_names():
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("heads,qlen", SHAPES)
-def test_shapes(warm, mainloop, heads, qlen, page_size, dtype):
+def test_shapes(warm, heads, qlen, page_size, dtype):
     seed = heads * 100 + qlen * 10 + page_size
     c = make_case(heads, qlen, page_size, DTYPES[dtype], varlen(5, 333, seed), seed=seed)
     o, lse, _ = run_decode(c)
@@ -455,7 +374,7 @@ def test_shapes(warm, mainloop, heads, qlen, page_size, dtype):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("sm_scale", [-SM_SCALE, 0.0])
 @pytest.mark.parametrize("heads,qlen,page_size", [(128, 1, 64), (16, 4, 16), (16, 2, 16)])
-def test_sm_scale_sign(warm, mainloop, heads, qlen, page_size, sm_scale, dtype):
+def test_sm_scale_sign(warm, heads, qlen, page_size, sm_scale, dtype):
     """A scale <= 0 is exact too: the kernels fold the scale into the exponent only when it is
     positive (max(s) * scale = max(s * scale) needs scale > 0)."""
     c = make_case(heads, qlen, page_size, DTYPES[dtype], [1200, 70, 333], seed=5)
@@ -474,7 +393,7 @@ def test_sm_scale_sign(warm, mainloop, heads, qlen, page_size, sm_scale, dtype):
 @pytest.mark.parametrize("ctx", [1, 21, 64, 513, 1200, 8192])
 @pytest.mark.parametrize("batch", [1, 3, 16, 128])
 @pytest.mark.parametrize("heads,qlen", [(128, 1), (16, 4), (16, 1)])
-def test_batch_ctx(warm, mainloop, heads, qlen, batch, ctx, dtype):
+def test_batch_ctx(warm, heads, qlen, batch, ctx, dtype):
     P = 64 if dtype == "fp8" else 16
     c = make_case(heads, qlen, P, DTYPES[dtype], [ctx] * batch, seed=batch * 7 + ctx)
     o, lse, _ = run_decode(c)
@@ -501,7 +420,7 @@ def growing_score_tokens(kv_lens, seed):
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("heads,qlen", [(128, 1), (64, 1), (16, 1), (16, 4)])
-def test_row_max_moves_mid_work(warm, mainloop, heads, qlen, dtype, monkeypatch):
+def test_row_max_moves_mid_work(warm, heads, qlen, dtype, monkeypatch):
     """Scores that grow along the context move each row's max by large steps mid-work, so O and
     l are rescaled by factors far from 1 (N(0, 1) scores give factors near 1 after the first
     tiles). CU_NUM=2 leaves 1-4 work lists, so each work spans many tiles (with the full device's
@@ -533,7 +452,7 @@ def deepseek_like_tokens(kv_lens, seed):
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("heads,qlen,batch,ctx", [(128, 1, 64, 1024), (64, 1, 64, 1024), (16, 1, 128, 512)])
-def test_peaked_scores_accuracy(warm, mainloop, heads, qlen, batch, ctx, dtype):
+def test_peaked_scores_accuracy(warm, heads, qlen, batch, ctx, dtype):
     """DeepSeek-like scores, where a few keys dominate: the kernel's rounded P must keep them as
     exact as the fp8-P reference does (exp(s - max) = 1 at each row's max, where the running
     max is exact). fp8: within 1.5x the fp8-P reference's own error, with no 3e-2 floor (the
@@ -551,7 +470,7 @@ def test_peaked_scores_accuracy(warm, mainloop, heads, qlen, batch, ctx, dtype):
     err = relative_l2(o, ref_out)
     bound = 1.5 * relative_l2(reference(c, fp8_p=True, sm_scale=sm)[0], ref_out) if dtype == "fp8" else 5e-3
     name = f"({heads},{qlen}) b={batch} ctx={ctx} peaked scores {dtype}"
-    _RESULTS.append((f"[{_LOOP['name']}] {name}", err, bound, lse_error(lse, ref_lse)))
+    _RESULTS.append((f"[{dec.mainloop_for(dtype, heads * qlen)}] {name}", err, bound, lse_error(lse, ref_lse)))
     assert bool(torch.isfinite(o).all()), f"{name}: output has unwritten (NaN) or non-finite elements"
     assert err <= bound, f"{name}: relative L2 {err:.3e} > {bound:.3e}"
 
@@ -560,7 +479,7 @@ def test_peaked_scores_accuracy(warm, mainloop, heads, qlen, batch, ctx, dtype):
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("heads,qlen", [(16, 4), (32, 4), (16, 8), (16, 2)])
-def test_ragged_q(warm, mainloop, heads, qlen, dtype):
+def test_ragged_q(warm, heads, qlen, dtype):
     """qlen_b < max_seqlen_q for some batches (the last one too): nothing read or written past
     a batch; guard rows after o stay untouched."""
     qo_lens = [qlen, 1, max(1, qlen - 1), qlen, 1][:5]
@@ -583,7 +502,7 @@ def test_ragged_q(warm, mainloop, heads, qlen, dtype):
 
 @gpu
 @needs_gpu
-def test_all_kv_empty(warm, mainloop):
+def test_all_kv_empty(warm):
     c = make_case(16, 4, 16, torch.bfloat16, [0] * 16, seed=3)
     o, lse, _ = run_decode(c)
     assert bool((o == 0).all())
@@ -594,7 +513,7 @@ def test_all_kv_empty(warm, mainloop):
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))   # bf16 too: its TMA Q copy across empty works
 @pytest.mark.parametrize("heads,qlen", [(16, 4), (128, 1), (64, 2), (16, 1)])
-def test_mixed_empty(warm, mainloop, heads, qlen, dtype):
+def test_mixed_empty(warm, heads, qlen, dtype):
     c = make_case(heads, qlen, 16, DTYPES[dtype], [0, 37, 0, 1300, 1, 0, 3], seed=11)
     o, lse, _ = run_decode(c)
     check(f"mixed empty ({heads},{qlen}) {dtype}", c, o, lse)
@@ -607,7 +526,7 @@ def test_mixed_empty(warm, mainloop, heads, qlen, dtype):
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))   # bf16: wgmma_ws's q_full / q_empty parity over many works
-def test_dual_rings_wrap_with_one_cta(warm, mainloop, monkeypatch, dtype):
+def test_dual_rings_wrap_with_one_cta(warm, monkeypatch, dtype):
     """CU_NUM=1: 2 work lists (one CTA; wgmma_dual: one per warpgroup) over long contexts, so
     every KV ring wraps many times (its parity flips) and works change inside a list."""
     monkeypatch.setenv("CU_NUM", "1")
@@ -619,7 +538,7 @@ def test_dual_rings_wrap_with_one_cta(warm, mainloop, monkeypatch, dtype):
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_partial_last_page_nan(warm, mainloop, dtype):
+def test_partial_last_page_nan(warm, dtype):
     """kv_len 13 with page_size 16: slots 13..15 of the page are NaN and must not leak."""
     c = make_case(16, 2, 16, DTYPES[dtype], [13], seed=13, spare_pages=0)
     assert bool(torch.isnan(c.kv.float()).any())
@@ -631,7 +550,7 @@ def test_partial_last_page_nan(warm, mainloop, dtype):
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("heads,qlen", [(16, 4), (128, 1), (32, 1)])
-def test_page_size_equivalence(warm, mainloop, heads, qlen, dtype):
+def test_page_size_equivalence(warm, heads, qlen, dtype):
     """The same tokens laid out with page sizes 1, 16, 64 give the same attention, under each
     page size's own schedule. The schedules split the batches at different tokens, so fp8's e4m3
     P is rounded against different row maxima: the bound there is the rounding noise (the float64
@@ -658,7 +577,7 @@ def test_page_size_equivalence(warm, mainloop, heads, qlen, dtype):
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("heads,qlen", [(16, 4), (128, 1), (32, 1)])
-def test_page_size_same_splits(warm, mainloop, heads, qlen, dtype):
+def test_page_size_same_splits(warm, heads, qlen, dtype):
     """Page sizes 1, 16, 64 under one hand-made schedule that splits batches 1-3 at the same
     tokens (multiples of 64; batch 0, 17 tokens, stays whole): each work then sees the same
     64-key tiles, so the partial rows, LSEs and final rows must agree to float32 rounding
@@ -685,7 +604,7 @@ def test_page_size_same_splits(warm, mainloop, heads, qlen, dtype):
 
 @gpu
 @needs_gpu
-def test_pool_over_2gib(warm, mainloop):
+def test_pool_over_2gib(warm):
     """KV pool > 2^31 bytes with the used pages beyond that offset (64-bit addressing)."""
     P, heads, qlen = 64, 128, 1
     row_bytes = P * D  # fp8
@@ -775,7 +694,7 @@ def run_manual_schedule(c: Case, cuts: dict, reduce: bool = True):
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("heads,qlen,P", [(16, 4, 64), (32, 4, 64), (128, 1, 16), (16, 8, 16), (16, 1, 64), (16, 2, 16)])
-def test_manual_splits(warm, mainloop, heads, qlen, P, dtype):
+def test_manual_splits(warm, heads, qlen, P, dtype):
     """Split pieces incl. a tail piece holding fewer tokens than qlen (spec 5.6: early rows see
     no key -> partial 0 / LSE -inf) and an empty batch, checked partial by partial."""
     kv_lens = [2 * P + 2, 3 * P, 0, 5 * P + 1]
@@ -815,7 +734,7 @@ def test_manual_splits(warm, mainloop, heads, qlen, P, dtype):
 
 @gpu
 @needs_gpu
-def test_input_errors(warm, mainloop):
+def test_input_errors(warm):
     c = make_case(16, 4, 16, torch.bfloat16, [40, 50], seed=51)
     o = torch.empty((c.q.shape[0], 16, DV), dtype=torch.bfloat16, device="cuda")
 
@@ -930,7 +849,7 @@ def decode_with(c: Case, bufs, o, lse_out=True):
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("heads,qlen", [(128, 1), (16, 4), (16, 1)])
-def test_cuda_graph_replay_new_lengths(warm, mainloop, heads, qlen):
+def test_cuda_graph_replay_new_lengths(warm, heads, qlen):
     """Capture decode + reduce once; re-fill lengths and metadata on the device; replay."""
     P = 16
     first = [100, 1200, 33, 7]
@@ -972,7 +891,7 @@ def test_cuda_graph_replay_new_lengths(warm, mainloop, heads, qlen):
 
 @gpu
 @needs_gpu
-def test_torch_compile(warm, mainloop):
+def test_torch_compile(warm):
     c = make_case(16, 4, 16, FP8, [300, 17, 1000], seed=71)
     bufs = plan(c)
 
@@ -997,7 +916,7 @@ def test_torch_compile(warm, mainloop):
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_deterministic(warm, mainloop, dtype):
+def test_deterministic(warm, dtype):
     c = make_case(128, 1, 64, DTYPES[dtype], [8192, 77, 3000], seed=81)
     outs = [run_decode(c) for _ in range(3)]
     for o, lse, logits in outs[1:]:
@@ -1008,7 +927,7 @@ def test_deterministic(warm, mainloop, dtype):
 
 @gpu
 @needs_gpu
-def test_first_use_in_capture_is_refused(warm, mainloop, monkeypatch):
+def test_first_use_in_capture_is_refused(warm, monkeypatch):
     """A variant never launched in this process must not be first launched inside a CUDA-graph
     capture (it would set the kernel's shared-memory limit there): a clear error instead."""
     c = make_case(16, 1, 16, torch.bfloat16, [20], seed=95)
@@ -1023,7 +942,7 @@ def test_first_use_in_capture_is_refused(warm, mainloop, monkeypatch):
 @gpu
 @needs_gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_other_device(warm, mainloop):
+def test_other_device(warm):
     c = make_case(16, 1, 16, torch.bfloat16, [50, 60], seed=91, device="cuda:1")
     o = torch.full((c.q.shape[0], 16, DV), float("nan"), dtype=torch.bfloat16, device="cuda:1")
     _, lse = aiter_mla.mla_decode_fwd(c.q, c.kv, o, c.qo_indptr, c.kv_indptr, c.kv_indices,

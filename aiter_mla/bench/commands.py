@@ -80,10 +80,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-d", "--dtype", choices=DTYPES, default="fp8", help="Q dtype (default: fp8)")
     p.add_argument("-kvd", "--kv-dtype", choices=DTYPES, default="fp8",
                    help="KV dtype (default: fp8)")
-    p.add_argument("--mainloop", default=None,
-                   help="decode main loop for the KV dtype (default: the op's, "
-                        "aiter_mla.ops.decode.DEFAULT_MAINLOOP / FEW_ROWS_MAINLOOP; see "
-                        "decode.MAINLOOPS; wgmma_dual applies to the <= 32-row shapes only)")
     p.add_argument("--varlen", action="store_true",
                    help="per-request ctx drawn log-normal with mean ctx (a serving batch)")
     p.add_argument("-o", "--output", type=Path, default=Path("bench_results"),
@@ -121,8 +117,6 @@ def command_line(args: argparse.Namespace) -> str:
     parts = ["aiter-mla", "bench", "-n", *[f"{h},{q}" for h, q in args.heads_qlen],
              "-b", *map(str, args.batch), "-c", *map(str, args.ctx),
              "--page-size", *map(str, args.page_size), "-d", args.dtype, "-kvd", args.kv_dtype]
-    if getattr(args, "mainloop", None):
-        parts += ["--mainloop", args.mainloop]
     if args.varlen:
         parts.append("--varlen")
     parts += ["-o", str(args.output)]
@@ -146,28 +140,6 @@ def no_gpu_reason() -> str | None:
         return f"torch {torch.__version__} is a CPU-only build"
     if not torch.cuda.is_available():
         return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no device"
-    return None
-
-
-def _select_mainloop(args: argparse.Namespace) -> str | None:
-    """Applies ``--mainloop`` to the op's dispatch for this process (every row and the JIT
-    figures then use it); returns an error message for an unknown loop or one without a kernel
-    for the KV dtype, else None."""
-    if not getattr(args, "mainloop", None):
-        return None
-    from ..ops import decode
-
-    if args.mainloop not in decode.MAINLOOPS:
-        return f"--mainloop must be one of {', '.join(decode.MAINLOOPS)}, got {args.mainloop!r}"
-    if args.kv_dtype not in decode.MAINLOOP_DTYPES[args.mainloop]:
-        return (f"--mainloop {args.mainloop} has kernels for kv dtypes "
-                f"{', '.join(decode.MAINLOOP_DTYPES[args.mainloop])}, got -kvd {args.kv_dtype}")
-    decode.force_mainloop(args.kv_dtype, args.mainloop)
-    wide = [f"({h},{q})" for h, q in args.heads_qlen if h * q > decode.FEW_ROWS]
-    if args.mainloop in decode.DUAL_LOOPS and wide:
-        print(f"aiter-mla bench: note: --mainloop {args.mainloop} runs the <= {decode.FEW_ROWS}-row "
-              f"shapes only; {', '.join(wide)} use {decode.DEFAULT_MAINLOOP[args.kv_dtype]}",
-              file=sys.stderr)
     return None
 
 
@@ -232,10 +204,6 @@ def run(args: argparse.Namespace) -> int:
               f"KV of one dtype (fp8/fp8 or bf16/bf16; both flags default to fp8): give -d and "
               f"-kvd the same value", file=sys.stderr)
         return 2
-    message = _select_mainloop(args)
-    if message:
-        print(f"aiter-mla bench: {message}", file=sys.stderr)
-        return 2
     if args.compile_only:
         return compile_only(args)   # writes nothing into -o
     message = _output_message(args)
@@ -276,7 +244,7 @@ def compile_only(args: argparse.Namespace) -> int:
     from .variants import build_variants, format_build_table
 
     variants, message = _variants_or_message(args)
-    if message:   # an unsupported shape or dtype: an argument error, as for --mainloop
+    if message:   # an unsupported shape or dtype: an argument error, as for a bad size
         print(message, file=sys.stderr)
         return 2
     t0 = time.perf_counter()

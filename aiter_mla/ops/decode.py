@@ -13,13 +13,12 @@ Supported (``SUPPORTED_SHAPES``, ``SUPPORTED_DTYPES``): heads x qlen of 128 on a
 power of two 1..256 (the kernel reads it from ``kv_buffer.shape[1]``, as AITER's HK entry does).
 
 Numerics (kernel: templates/mla_decode.cu.j2 + templates/common/mla_decode_sm90*.cuh): scores
-= q.k over 576 dims (tensor cores, fp32 accumulate; fp8 QK promoted to fp32 every 3 k-steps, every 6 in the seesaw's tile pairs)
+= q.k over 576 dims (tensor cores, fp32 accumulate; fp8 QK promoted to fp32 in chunks of k-steps)
 x q_scale x kv_scale x sm_scale; exp2-based online softmax; output = (P.V) x kv_scale / l in
-bf16; LSE natural log. The default main loops (``DEFAULT_MAINLOOP``, ``FEW_ROWS_MAINLOOP``):
-fp8 "wgmma_seesaw" (more than 32 rows) and "wgmma_dual" (at most 32) run PV as an e4m3 wgmma
-with P rounded to e4m3, as AITER does; bf16 "wgmma_ws" rounds P to bf16. Measured on the
-H200 against float64 (the bench's check): relative L2 at most 1.2e-2 (fp8) and about 1.8e-3
-(bf16); see docs/perf/notes.md.
+bf16; LSE natural log. The fp8 main loops ("tile_pairs" above 32 rows, "warpgroup_works" at
+most 32) run PV as an e4m3 wgmma with P rounded to e4m3, as AITER does; bf16 "key_halves"
+rounds P to bf16. Measured on the H200 against float64 (the bench's check): relative L2 at
+most 1.2e-2 (fp8) and about 1.8e-3 (bf16).
 
 Eager input checks are skipped while a CUDA graph is being captured and under torch.compile.
 Index *values* (qo_indptr, kv_indptr, kv_indices, kv_last_page_lens) live on the device, so
@@ -66,67 +65,25 @@ SUPPORTED_SHAPES = {
 #: torch dtype -> template name. q and kv must be the same (fp8/fp8 or bf16/bf16).
 SUPPORTED_DTYPES = {torch.float8_e4m3fn: "fp8", torch.bfloat16: "bf16"}
 
-#: KV tokens per main-loop step of the mma main loop. bf16 uses 32: with block_n 64 its Q + two
-#: padded KV stages + P tile need 234,496 B of shared memory, over the 232,448 B (227 KB) an
-#: sm_90 CTA may use. The wgmma main loop always runs block_n 64 (unpadded tiles fit).
-BLOCK_N = {"fp8": 64, "bf16": 32}
-
-#: Main loops of the sm_90a kernel: "mma" (mma.sync + ldmatrix), "wgmma" (warpgroup MMAs on
-#: shared-memory descriptors; fp8 QK runs on the native e4m3 tensor-core path) and "wgmma_ws"
-#: (the wgmma maths fed by a producer warp: cp.async into a 3-stage fp8 / 2-stage bf16 KV ring
-#: on mbarriers, so the consumers issue no KV load; for 128-row tiles both 64-row halves of a
-#: work run at the same time, see ``launch_grid_x``) and "wgmma_ovl" (fp8 only: wgmma_ws's
-#: roles with softmax(t) overlapping PV(t-1), PV in e4m3 with P rounded to fp8 as AITER does,
-#: on a V^T tile the spare producer warps transpose) and "wgmma_ot" (fp8 only: PV computed
-#: transposed, O^T = V^T P^T, with V^T built in registers from the KV tile: no transpose pass;
-#: 4 KV stages) and "wgmma_seesaw" (fp8 only, the fp8 default: wgmma_ot's transposed PV with
-#: tiles in pairs, each consumer warpgroup scoring one tile of a pair at N = 64 against its own
-#: max; only the row maxima are exchanged and O^T is rescaled once a pair; an odd last tile
-#: runs as wgmma_ot runs a tile) and "wgmma_rs" (fp8 only: the warpgroups split the
-#: CTA's rows, 32 each, and run QK and PV transposed with the rows as N, meeting only at the KV stages; measured
-#: 1.05-1.08x wgmma_ot where one warpgroup holds every real row ((16,1), (32,1), batch >= 128),
-#: 1.25x slower at (128,1)) and "wgmma_dual" (fp8 only, shapes of <= 32 rows, ``FEW_ROWS``:
-#: wgmma_rs's maths with each consumer warpgroup running its own work list on its own producer
-#: warp and KV ring, two independent pipelines per CTA, ``launch_grid_x``). The fp8 TMA loops
-#: and bf16 wgmma_ws load KV tiles by TMA for page_size >= 8 (64-byte-swizzled stages; smaller
-#: pages keep cp.async); there wgmma_seesaw and bf16 wgmma_ws also copy Q by TMA, in the stage
-#: layout, from the producer warp.
-MAINLOOPS = ("mma", "wgmma", "wgmma_ws", "wgmma_ovl", "wgmma_ot", "wgmma_seesaw", "wgmma_rs", "wgmma_dual")
-
-#: Main loop -> the kv dtypes it has a kernel for.
-MAINLOOP_DTYPES = {"mma": ("fp8", "bf16"), "wgmma": ("fp8", "bf16"), "wgmma_ws": ("fp8", "bf16"),
-                   "wgmma_ovl": ("fp8",), "wgmma_ot": ("fp8",),
-                   "wgmma_seesaw": ("fp8",), "wgmma_rs": ("fp8",), "wgmma_dual": ("fp8",)}
-
-#: Rows (num_heads x max_seqlen_q) up to which a work fits one consumer warpgroup (the wgmma N of
-#: wgmma_rs / wgmma_dual); ``wgmma_dual`` runs only these shapes.
+#: Rows (num_heads x max_seqlen_q) up to which a work fits one consumer warpgroup, the wgmma N
+#: of the ``warpgroup_works`` loop.
 FEW_ROWS = arch.FEW_ROWS
 
-#: Main loops that run one work list per consumer warpgroup (two per CTA, see ``launch_grid_x``).
-DUAL_LOOPS = ("wgmma_dual",)
+#: The sm_90a main loops (the ``mainloop`` template parameter), one per (dtype, row count):
+#: "tile_pairs" (fp8, more than FEW_ROWS rows: the warpgroups score alternate KV tiles of a pair,
+#: templates/common/mla_decode_sm90_tile_pairs.cuh), "warpgroup_works" (fp8, at most FEW_ROWS
+#: rows: each consumer warpgroup runs its own work list, mla_decode_sm90_rows_n.cuh) and
+#: "key_halves" (bf16: the warpgroups score the two key halves of each tile,
+#: mla_decode_sm90_wgmma.cuh). docs/DESIGN.md §6 describes them.
+MAINLOOPS = ("tile_pairs", "warpgroup_works", "key_halves")
 
-#: dtype -> the main loop ``decode_variant`` picks when none is asked for (above ``FEW_ROWS``
-#: rows; see FEW_ROWS_MAINLOOP below). fp8: wgmma_seesaw (issue 6 change 18, docs/perf/notes.md:
-#: tiles in pairs, one per warpgroup, only the row maxima exchanged; an odd last tile runs as
-#: wgmma_ot runs a tile), measured on the H200 against wgmma_ot (decode + reduce, CUDA graph,
-#: same call, first of two repeats): (128,1) b64 ctx 8192 193.6 us against 223.0; b64 ctx 3200
-#: 84.4 against 96.9; b1 ctx 21 9.4 against 9.2; b16 ctx 1024 28.2 against 28.0; (64,1) b64
-#: ctx 1024 43.4 against 42.8. Its results move with the schedule's split points by 1.4-1.7x
-#: wgmma_ot's (one tile of each pair is rounded to e4m3 against its partner's max) at the same
-#: error against float64 (within 1%). Those are a float64 model's figures
-#: (scripts/dev/pair_rounding_model.py); its 6.4-6.8e-3 for the pair fits the device's 6.4e-3.
-#: Before: wgmma_ot (changes 3-8; after change 8, same run: 275.6 us against wgmma_seesaw 365.4,
-#: wgmma_ws 432.4). bf16: wgmma_ws (the fp8 loops' PV is an e4m3 wgmma); wgmma_ws was 1.1x
-#: wgmma, which was 1.3-1.5x mma (changes 1-2).
-DEFAULT_MAINLOOP = {"fp8": "wgmma_seesaw", "bf16": "wgmma_ws"}
 
-#: dtype -> the main loop ``decode_variant`` picks for shapes of at most ``FEW_ROWS`` rows
-#: ((16,1), (32,1), (16,2)) when none is asked for; a dtype missing here uses DEFAULT_MAINLOOP.
-#: fp8: wgmma_dual, measured on the H200 (decode + reduce, CUDA graph, same run, docs/perf/notes.md
-#: change 12; wgmma_ot at its former 132 clusters / wgmma_dual at 264): (16,1) b128 ctx 8192
-#: 217.5 / 171.8 us, b256 ctx 4096 224.4 / 181.7, (32,1) b128 ctx 8192 227.8 / 186.9, (16,2)
-#: b128 ctx 4096 129.4 / 115.4, (16,1) b64 ctx 3200 58.2 / 57.7; 9/9 accuracy cases.
-FEW_ROWS_MAINLOOP = {"fp8": "wgmma_dual", "bf16": "wgmma_ws"}
+def mainloop_for(dtype: str, rows: int) -> str:
+    """The main loop that runs kv dtype ``dtype`` ("fp8" / "bf16") at ``rows`` = heads x qlen."""
+    if dtype == "bf16":
+        return "key_halves"
+    return "warpgroup_works" if rows <= FEW_ROWS else "tile_pairs"
+
 
 _DEFAULT_SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
 
@@ -161,19 +118,16 @@ def _require_int(name: str, value) -> int:
 
 
 def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: torch.dtype,
-                   kv_dtype: torch.dtype, mainloop: Optional[str] = None) -> dict:
+                   kv_dtype: torch.dtype) -> dict:
     """The ``mla_decode`` template parameters for a problem shape (the JIT variant).
 
     Returns a dict for ``aiter_mla.jit.get_module("mla_decode", **params)``: arch sm_90a,
-    block_m 128 or 64, page_size, block_n (mma: 64 fp8 / 32 bf16; wgmma*: 64), mask ``causal``
-    when max_seqlen_q > 1 else ``none``, q_dtype / kv_dtype, mainloop (``mainloop`` if given,
-    one of ``MAINLOOPS``, else ``FEW_ROWS_MAINLOOP[dtype]`` for num_heads * max_seqlen_q <=
-    ``FEW_ROWS`` and ``DEFAULT_MAINLOOP[dtype]`` above).
+    block_m 128 or 64, page_size, block_n 64, mask ``causal`` when max_seqlen_q > 1 else
+    ``none``, q_dtype / kv_dtype ("fp8" / "bf16") and mainloop (``mainloop_for``).
 
     Raises TypeError when num_heads / max_seqlen_q / page_size is not an int (bools and floats
-    included) or q_dtype / kv_dtype is not a torch.dtype, NotImplementedError (listing what is supported) for any other shape or dtype pair,
-    ValueError for an unknown ``mainloop``, one without a kernel for the dtype
-    (``MAINLOOP_DTYPES``), or a ``DUAL_LOOPS`` loop for more than ``FEW_ROWS`` rows.
+    included) or q_dtype / kv_dtype is not a torch.dtype, and NotImplementedError (listing what
+    is supported) for any other shape, dtype pair or page size.
     """
     num_heads = _require_int("num_heads", num_heads)
     max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
@@ -194,82 +148,19 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
         raise NotImplementedError(
             f"mla decode: page_size {page_size} is not supported; {_supported_text()}")
     dt = SUPPORTED_DTYPES[q_dtype]
-    if mainloop is not None:
-        loop = mainloop
-    elif num_heads * max_seqlen_q <= FEW_ROWS:
-        loop = FEW_ROWS_MAINLOOP.get(dt, DEFAULT_MAINLOOP[dt])
-    else:
-        loop = DEFAULT_MAINLOOP[dt]
-    if loop not in MAINLOOPS:
-        raise ValueError(f"mainloop must be one of {MAINLOOPS}, got {mainloop!r}")
-    if dt not in MAINLOOP_DTYPES[loop]:
-        raise ValueError(f"mainloop {loop!r} has kernels for kv dtypes {MAINLOOP_DTYPES[loop]}, "
-                         f"got {dt}")
-    if loop in DUAL_LOOPS and num_heads * max_seqlen_q > FEW_ROWS:
-        raise ValueError(f"mainloop {loop!r} runs num_heads * max_seqlen_q <= {FEW_ROWS} rows, got "
-                         f"{num_heads} * {max_seqlen_q} = {num_heads * max_seqlen_q}")
-    return dict(arch="sm_90a", block_m=SUPPORTED_SHAPES[key], page_size=int(page_size),
-                block_n=BLOCK_N[dt] if loop == "mma" else 64,
+    return dict(arch="sm_90a", block_m=SUPPORTED_SHAPES[key], page_size=int(page_size), block_n=64,
                 mask="causal" if max_seqlen_q > 1 else "none", q_dtype=dt, kv_dtype=dt,
-                mainloop=loop)
-
-
-def force_mainloop(dtype: str, loop: str) -> dict:
-    """Makes ``decode_variant`` pick ``loop`` for kv dtype ``dtype`` ("fp8" / "bf16") when no
-    main loop is asked for, on every shape it has a kernel for: ``DUAL_LOOPS`` on the shapes of
-    at most ``FEW_ROWS`` rows only (the others keep DEFAULT_MAINLOOP), every other loop on all.
-
-    Returns the previous {"default": ..., "few_rows": ...} for ``restore_mainloop``. Raises
-    ValueError for an unknown loop or one without a kernel for ``dtype``. Used by ``aiter-mla
-    bench --mainloop`` and the tests' per-loop runs.
-    """
-    if dtype not in DEFAULT_MAINLOOP:
-        raise ValueError(f"dtype must be one of {tuple(DEFAULT_MAINLOOP)} (template names, not torch "
-                         f"dtypes), got {dtype!r}")
-    if loop not in MAINLOOPS:
-        raise ValueError(f"mainloop must be one of {MAINLOOPS}, got {loop!r}")
-    if dtype not in MAINLOOP_DTYPES[loop]:
-        raise ValueError(f"mainloop {loop!r} has kernels for kv dtypes {MAINLOOP_DTYPES[loop]}, got {dtype}")
-    old = {"default": DEFAULT_MAINLOOP[dtype], "few_rows": FEW_ROWS_MAINLOOP.get(dtype)}
-    FEW_ROWS_MAINLOOP[dtype] = loop
-    if loop not in DUAL_LOOPS:
-        DEFAULT_MAINLOOP[dtype] = loop
-    return old
-
-
-def restore_mainloop(dtype: str, old: dict) -> None:
-    """Undoes ``force_mainloop`` with the dict it returned.
-
-    Raises ValueError (nothing changed) when ``dtype`` is not "fp8" / "bf16" or ``old`` is not
-    such a dict: "default" a loop with a kernel for ``dtype`` that runs every shape (not one
-    of ``DUAL_LOOPS``), "few_rows" one with a kernel for ``dtype`` or None.
-    """
-    if dtype not in DEFAULT_MAINLOOP:
-        raise ValueError(f"dtype must be one of {tuple(DEFAULT_MAINLOOP)}, got {dtype!r}")
-    if not isinstance(old, dict) or set(old) != {"default", "few_rows"}:
-        raise ValueError(f"old must be the dict force_mainloop returned ({{'default': ..., 'few_rows': ...}}), "
-                         f"got {old!r}")
-    ok = tuple(loop for loop in MAINLOOPS if dtype in MAINLOOP_DTYPES[loop])
-    if old["default"] not in ok or old["default"] in DUAL_LOOPS:
-        raise ValueError(f"old['default'] must be one of {tuple(x for x in ok if x not in DUAL_LOOPS)}, "
-                         f"got {old['default']!r}")
-    if old["few_rows"] is not None and old["few_rows"] not in ok:
-        raise ValueError(f"old['few_rows'] must be one of {ok} or None, got {old['few_rows']!r}")
-    DEFAULT_MAINLOOP[dtype] = old["default"]
-    if old["few_rows"] is None:
-        FEW_ROWS_MAINLOOP.pop(dtype, None)
-    else:
-        FEW_ROWS_MAINLOOP[dtype] = old["few_rows"]
+                mainloop=mainloop_for(dt, num_heads * max_seqlen_q))
 
 
 def launch_grid_x(params: dict, clusters: int) -> int:
     """grid.x of the decode launch for a variant ``params`` and ``clusters`` work lists.
 
     The kernel runs grid (grid_x, block_m / 64); CTA x walks clusters x, x + grid_x, ...
-    Every variant but ``DUAL_LOOPS`` launches one CTA column per cluster: with block_m 128 the
+    Every loop but ``warpgroup_works`` launches one CTA column per cluster: with block_m 128 the
     two 64-row CTAs of a work (blockIdx.y 0 / 1) run at the same time, and the second reads the
     KV from L2, since ``arch.num_clusters`` gives those shapes num_cu / 2 lists (FlashMLA sizes
-    its grid the same way: num_sm_parts = num_sms / m_blocks). ``DUAL_LOOPS`` launch
+    its grid the same way: num_sm_parts = num_sms / m_blocks). ``warpgroup_works`` launches
     ceil(clusters / 2): CTA x runs clusters 2x and 2x + 1 (+ 2 grid_x, ...), one per consumer
     warpgroup.
 
@@ -280,7 +171,7 @@ def launch_grid_x(params: dict, clusters: int) -> int:
     clusters = _require_int("clusters", clusters)
     if clusters < 1:
         raise ValueError(f"clusters must be >= 1, got {clusters}")
-    if params["mainloop"] in DUAL_LOOPS:
+    if params["mainloop"] == "warpgroup_works":
         return max(1, (clusters + 1) // 2)   # CTA x runs clusters 2x (warpgroup 0) and 2x + 1
     return clusters
 

@@ -1,20 +1,19 @@
-// MLA decode on sm_90a: the device vocabulary the decode kernel's main loop is written in.
+// MLA decode on sm_90a: the device vocabulary every main loop shares: the CTA shape, the work
+// record, the per-row softmax state, masking and the online softmax's max half, and the
+// epilogue of the loops that keep O in the S layout (key_halves).
 //
-// One CTA = 64 query rows of one work, 256 threads = 8 warps = 4 row groups (16 rows, the
-// mma M) x 2 halves. Warp (g, c):
-//   QK: scores of its 16 rows against keys [c*BN/2, (c+1)*BN/2) of the tile, all 576 dims;
-//   PV: O columns [c*256, (c+1)*256) of its 16 rows (128 fp32 accumulators per thread).
-// The two warps of a row group exchange their partial row max and their half of P through
-// shared memory, so both hold the same running max m and rescale O identically; each keeps a
-// partial row sum l (over its own keys), summed once in the epilogue.
+// One CTA = 64 query rows of one work, 256 consumer threads = 8 warps = 2 warpgroups of 4 row
+// groups (16 rows, the wgmma M layout). In the S layout a thread of warp (g, c) owns rows
+// r = 16g + lane/4 and r + 8. When the two warpgroups split a tile's keys (QK) they exchange
+// their partial row max through shared memory, so both hold the same running max m; each
+// keeps a partial row sum l (over its own keys), summed once in the epilogue.
 //
 // Why this shape: 64 x 512 fp32 of O is 128 registers per thread over 8 warps; 128 rows would
-// be the SM's whole register file (sm90_kernel_notes.md section 3), so a 128-row tile runs as two
-// 64-row CTAs that read the same KV (grid.y = 2), as FlashMLA does.
+// be the SM's whole register file (docs/DESIGN.md §6), so a 128-row tile runs as two 64-row
+// CTAs that read the same KV (grid.y = 2), as FlashMLA does.
 //
-// Every device function here takes the tile config `C` (see MlaDecodeConfig) so the main loop
-// in mla_decode.cu.j2 reads as the maths of spec section 6.5 and can be replaced wholesale
-// (e.g. by a wgmma/TMA pipeline) without touching loads, masking or the epilogue.
+// Every device function here takes the tile config `C` so the main loops in mla_decode.cu.j2
+// read as the maths of docs/DESIGN.md §4 without touching loads, masking or the epilogue.
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -41,46 +40,6 @@ constexpr int log2_page_size() {
   return l;
 }
 
-template <int BlockN, int PageSize, bool Fp8, bool Causal>
-struct MlaDecodeConfig {
-  static constexpr int BN = BlockN;
-  static constexpr int P = PageSize;
-  static constexpr bool kFp8 = Fp8;          // q and kv both e4m3 (else both bf16)
-  static constexpr bool kCausal = Causal;
-  static constexpr int kElemBytes = Fp8 ? 1 : 2;
-  static constexpr int kRowBytes = kQkDim * kElemBytes;        // 576 or 1152 bytes per row
-  static constexpr int kChunksPerRow = kRowBytes / 16;          // 16-byte cp.async chunks
-  // +16 bytes per row: consecutive rows start 4 (or 20) banks apart, so the 8 rows an
-  // ldmatrix reads hit 8 disjoint bank quads.
-  static constexpr int kQStride = kRowBytes + 16;
-  static constexpr int kKvStride = kRowBytes + 16;
-  // V operand of PV as 16-bit: for fp8 KV a converted fp16 copy (e4m3 -> fp16 is exact); for
-  // bf16 KV the stage buffer itself (its first 1024 bytes per row).
-  static constexpr int kVStride = Fp8 ? (kVDim * 2 + 16) : kKvStride;
-  static constexpr int kPStride = (BN + 8) * 2;                 // P tile, 16-bit, padded
-  static constexpr int kStages = 2;
-  static constexpr int kKSteps = kRowBytes / 32;                // QK k-steps of 32 bytes
-  static constexpr int kSTiles = BN / 16;                       // n8 tiles of S per warp
-  static constexpr int kOTiles = kVDim / 2 / 8;                 // n8 tiles of O per warp (32)
-
-  static constexpr int kQBytes = kRows * kQStride;
-  static constexpr int kStageBytes = BN * kKvStride;
-  static constexpr int kVBytes = Fp8 ? BN * kVStride : 0;
-  static constexpr int kPBytes = kRows * kPStride;
-  static constexpr int kRedBytes = 2 * 2 * kRows * 4;           // [max|sum][half][row] fp32
-
-  static constexpr int kOffQ = 0;
-  static constexpr int kOffKv = kOffQ + kQBytes;
-  static constexpr int kOffV = kOffKv + kStages * kStageBytes;
-  static constexpr int kOffP = kOffV + kVBytes;
-  static constexpr int kOffRed = kOffP + kPBytes;
-  static constexpr int kSmemBytes = kOffRed + kRedBytes;
-
-  static_assert(BN == 32 || BN == 64, "block_n must be 32 or 64");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
-  static constexpr int kLog2P = log2_page_size<P>();
-};
-
 // ---- PTX wrappers ---------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -93,7 +52,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
                : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -104,41 +62,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-// Tensor-core MMAs, fp32 accumulate in place.
-// PV in 16 bits: fp16 for fp8 KV (V exact, P with 10 mantissa bits: more accurate than
-// AITER's fp8 P), bf16 for bf16 KV (V is bf16 already).
-template <bool F16>
-__device__ __forceinline__ void mma_pv(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (F16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// QK: the A/B fragment byte layouts of k32 e4m3 and k16 16-bit are identical (4 bytes per
-// register at the same row/column), so one set of ldmatrix addressing serves both dtypes.
-template <bool Fp8>
-__device__ __forceinline__ void mma_qk(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (Fp8) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    mma_pv<false>(d, a, b0, b1);  // bf16 QK is the same m16n8k16 bf16 MMA as bf16 PV
-  }
-}
-
+// P as two 16-bit values: fp16 (F16) or bf16.
 template <bool F16>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   if constexpr (F16) {
@@ -190,99 +114,7 @@ __device__ __forceinline__ int64_t kv_pool_row(const int* __restrict__ kv_indice
   return (page << C::kLog2P) + (v & (C::P - 1));
 }
 
-// Q rows of the CTA: row R < valid_rows reads q row (qo_start*H + row_base + R); the rest are
-// zero-filled (ragged q lengths and padded tiles never read past their batch).
-template <class C>
-__device__ __forceinline__ void load_q_tile(uint8_t* smem, const uint8_t* __restrict__ q,
-                                            int64_t q_row0, int valid_rows) {
-  const uint32_t base = smem_addr(smem + C::kOffQ);
-#pragma unroll
-  for (int i = threadIdx.x; i < kRows * C::kChunksPerRow; i += kThreads) {
-    const int r = i / C::kChunksPerRow, ch = i % C::kChunksPerRow;
-    const bool ok = r < valid_rows;
-    const uint8_t* src = ok ? q + (q_row0 + r) * (int64_t)C::kRowBytes + ch * 16 : q;
-    cp_async_16(base + r * C::kQStride + ch * 16, src, ok ? 16 : 0);
-  }
-}
-
-// KV tile of BN virtual tokens starting at tok0 into stage `stage`. Virtual token v maps to the
-// physical row kv_indices[v / P] * P + v % P of the [num_pages * P, 576] pool; byte offsets are
-// 64-bit (pools over 2^31 bytes). Tokens >= kv_tok_end are zero-filled, never read.
-template <class C>
-__device__ __forceinline__ void load_kv_tile(uint8_t* smem, int stage, const uint8_t* __restrict__ kv,
-                                             const int* __restrict__ kv_indices, int tok0, int kv_tok_end) {
-  const uint32_t base = smem_addr(smem + C::kOffKv + stage * C::kStageBytes);
-#pragma unroll
-  for (int i = threadIdx.x; i < C::BN * C::kChunksPerRow; i += kThreads) {
-    const int r = i / C::kChunksPerRow, ch = i % C::kChunksPerRow;
-    const int v = tok0 + r;
-    const bool ok = v < kv_tok_end;
-    const uint8_t* src = kv;
-    if (ok) {
-      src = kv + kv_pool_row<C>(kv_indices, v) * (int64_t)C::kRowBytes + ch * 16;
-    }
-    cp_async_16(base + r * C::kKvStride + ch * 16, src, ok ? 16 : 0);
-  }
-}
-
-// 16 e4m3 values (one 16-byte chunk) -> 16 fp16 values, exactly (every e4m3 is an fp16).
-// Shared by the main loops' V conversions (V feeds an fp16 P.V product).
-__device__ __forceinline__ void e4m3x16_to_f16x16(const uint4 x, uint32_t (&h)[8]) {
-  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[j] & 0xffffu), __NV_E4M3);
-    __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[j] >> 16), __NV_E4M3);
-    h[2 * j] = static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16);
-    h[2 * j + 1] = static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16);
-  }
-}
-
-// fp8 KV: the tile's first 512 columns as fp16 (exact), the B operand of PV.
-template <class C>
-__device__ __forceinline__ void convert_v_tile(uint8_t* smem, int stage) {
-  if constexpr (C::kFp8) {
-    const uint8_t* src = smem + C::kOffKv + stage * C::kStageBytes;
-    uint8_t* dst = smem + C::kOffV;
-    constexpr int kChunks = kVDim / 16;   // 16 fp8 per chunk
-#pragma unroll
-    for (int i = threadIdx.x; i < C::BN * kChunks; i += kThreads) {
-      const int r = i / kChunks, ch = i % kChunks;
-      const uint4 x = *reinterpret_cast<const uint4*>(src + r * C::kKvStride + ch * 16);
-      uint32_t h[8];
-      e4m3x16_to_f16x16(x, h);
-      uint4* d = reinterpret_cast<uint4*>(dst + r * C::kVStride + ch * 32);
-      d[0] = make_uint4(h[0], h[1], h[2], h[3]);
-      d[1] = make_uint4(h[4], h[5], h[6], h[7]);
-    }
-  }
-}
-
 // ---- maths -----------------------------------------------------------------------------------
-// S[16 x BN/2] = Q[rows of group g] . K[keys of half c]^T over all 576 dims.
-template <class C>
-__device__ __forceinline__ void qk_mma(float (&s)[C::kSTiles][4], const uint8_t* smem, int stage,
-                                       int group, int half, int lane) {
-#pragma unroll
-  for (int j = 0; j < C::kSTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-  const uint32_t q_addr = smem_addr(smem + C::kOffQ) + (group * 16 + (lane & 15)) * C::kQStride + (lane >> 4) * 16;
-  const int key0 = half * (C::BN / 2);
-  const uint32_t k_addr = smem_addr(smem + C::kOffKv + stage * C::kStageBytes) +
-                          (key0 + (lane & 7) + ((lane >> 4) << 3)) * C::kKvStride + ((lane >> 3) & 1) * 16;
-#pragma unroll 2
-  for (int kk = 0; kk < C::kKSteps; ++kk) {
-    uint32_t a[4];
-    ldmatrix_x4(a, q_addr + kk * 32);
-#pragma unroll
-    for (int j = 0; j < C::kSTiles; j += 2) {
-      uint32_t b[4];
-      ldmatrix_x4(b, k_addr + j * 8 * C::kKvStride + kk * 32);
-      mma_qk<C::kFp8>(s[j], a, b[0], b[1]);
-      mma_qk<C::kFp8>(s[j + 1], a, b[2], b[3]);
-    }
-  }
-}
-
 // O's two rows per thread times their factors.
 template <class C>
 __device__ __forceinline__ void scale_rows(float (&o)[C::kOTiles][4], const float (&scale_o)[2]) {
@@ -401,29 +233,6 @@ __device__ __forceinline__ void softmax_update(float (&s)[C::kSTiles][4], float 
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * scale_o[h] + sum[h];
   scale_rows<C>(o, scale_o);
-}
-
-// O[16 rows x 256 cols of half c] += P[16 x BN] . V[BN x 256].
-template <class C>
-__device__ __forceinline__ void pv_mma(float (&o)[C::kOTiles][4], const uint8_t* smem, int stage,
-                                       int group, int half, int lane) {
-  const uint32_t p_addr = smem_addr(smem + C::kOffP) + (group * 16 + (lane & 15)) * C::kPStride + (lane >> 4) * 16;
-  const uint8_t* v_base = C::kFp8 ? smem + C::kOffV : smem + C::kOffKv + stage * C::kStageBytes;
-  constexpr int kVs = C::kVStride;
-  const uint32_t v_addr = smem_addr(v_base) + ((lane & 7) + ((lane >> 3) & 1) * 8) * kVs +
-                          (half * (kVDim / 2) + (lane >> 4) * 8) * 2;
-#pragma unroll
-  for (int kk = 0; kk < C::BN / 16; ++kk) {
-    uint32_t a[4];
-    ldmatrix_x4(a, p_addr + kk * 32);
-#pragma unroll
-    for (int j = 0; j < C::kOTiles; j += 2) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, v_addr + kk * 16 * kVs + j * 16);
-      mma_pv<C::kFp8>(o[j], a, b[0], b[1]);
-      mma_pv<C::kFp8>(o[j + 1], a, b[2], b[3]);
-    }
-  }
 }
 
 // ---- epilogue ------------------------------------------------------------------------------

@@ -1,40 +1,36 @@
-// MLA decode on sm_90a: the wgmma main loops (template parameter mainloop = "wgmma", and
-// "wgmma_ws", the same maths fed by a producer warp: produce_kv_tile, the mbarrier helpers and
-// the 3-stage fp8 ring below).
+// MLA decode on sm_90a: the warpgroup-MMA vocabulary every main loop uses (wgmma, mbarrier and
+// TMA wrappers, the producer's KV copies, QK with fp32 promotion) and the bf16 "key halves"
+// main loop's tile (template parameter mainloop = "key_halves").
 //
-// Same CTA shape and row ownership as the mma.sync loop (mla_decode_sm90.cuh), so the work
-// loop, masking, online softmax and epilogue there are shared unchanged; only the warp roles
-// and the tensor-core operations differ. 256 threads = 2 warpgroups; warp w of warpgroup c
-// owns rows 16w..16w+15 (the wgmma M = 64 layout, whose per-warp accumulator fragment equals
-// mma.sync's m16n8 C fragment):
+// 256 consumer threads = 2 warpgroups; warp w of warpgroup c owns rows 16w..16w+15 (the wgmma
+// M = 64 layout, whose per-warp accumulator fragment equals mma.sync's m16n8 C fragment, so
+// the softmax and epilogue of mla_decode_sm90.cuh serve it unchanged). Key halves, per tile:
 //   QK: warpgroup c computes S[64 x BN/2] = Q[64 x 576] . K[keys c*BN/2 ..]^T with one
-//       m64n32 wgmma per 32 bytes of K (e4m3 k32 QGMMA for fp8, bf16 k16 HGMMA), A = Q and
-//       B = K both K-major in shared memory; fp8 sums chunks of 3 k-steps in fp32 (QkAcc);
+//       m64n32k16 bf16 wgmma per 32 bytes of K, A = Q and B = K both K-major in shared memory;
 //   PV: warpgroup c computes O[64 x cols c*256 ..] += P[64 x BN] . V[BN x 256] with
-//       m64n256k16 wgmma (fp16 for fp8 KV: V converted exactly, P in fp16; bf16 for bf16 KV),
-//       A = P from registers (ldmatrix of the P tile both warpgroups wrote), B = V read
-//       MN-major (transposed) from shared memory.
+//       m64n256k16 bf16 wgmma, A = P from registers (ldmatrix of the P tile both warpgroups
+//       wrote), B = V read MN-major (transposed) from shared memory.
 //
-// Shared-memory layout: every operand uses the no-swizzle ("interleaved") canonical layout:
-// 8 rows x 16 bytes form one 128-byte core matrix; the core matrices of 8 rows follow each
-// other along the row (stride 128 B), and 8-row groups follow each other (stride 8 x row
-// bytes). A KV row of 576 (1152) bytes does not divide into 128-byte swizzle atoms, and the
-// interleaved layout lets the same bytes serve as K-major K (core matrix = 8 keys x 16 bytes)
-// and, for bf16, as MN-major V (core matrix = 8 keys x 8 columns) with no copy.
-// Descriptor strides (CUTLASS make_gmma_desc, INTERLEAVE): LBO = stride between core matrices
-// along K, SBO = stride between core matrices along M/N, for both majors.
-// Exception: bf16 wgmma_ws at page_size >= 8 fills its stages by TMA in the 64-byte-swizzled
-// layout of the fp8 TMA loops (the Tma config below; k_desc, v_desc), where 18 column blocks of
-// BN rows x 64 B serve as K-major K and, read the other way, as MN-major V.
+// Shared-memory layout below page_size 8 (cp.async stages): every operand uses the no-swizzle
+// ("interleaved") canonical layout: 8 rows x 16 bytes form one 128-byte core matrix; the core
+// matrices of 8 rows follow each other along the row (stride 128 B), and 8-row groups follow
+// each other (stride 8 x row bytes). A KV row of 576 (1152) bytes does not divide into
+// 128-byte swizzle atoms, and the interleaved layout lets the same bytes serve as K-major K
+// (core matrix = 8 keys x 16 bytes) and, for bf16, as MN-major V (core matrix = 8 keys x 8
+// columns) with no copy. Descriptor strides (CUTLASS make_gmma_desc, INTERLEAVE): LBO = stride
+// between core matrices along K, SBO = stride between core matrices along M/N, for both majors.
+// At page_size >= 8 the stages are filled by TMA in the 64-byte-swizzled layout (the Tma
+// config below; k_desc, v_desc), where 18 column blocks of BN rows x 64 B serve as K-major K
+// and, read the other way, as MN-major V.
 #pragma once
 #include "mla_decode_sm90.cuh"
 
 namespace mla {
 namespace wg {
 
-// The tile shape every warpgroup main loop shares (wgmma / wgmma_ws below, the fp8 TMA loops
-// in mla_decode_sm90_ovl.cuh): 64-row CTA, BN keys per tile, Q and KV rows of 576 elements,
-// Q at 0 and the KV ring after it in shared memory.
+// The tile shape every main loop shares (key halves below, the fp8 loops through
+// mla_decode_sm90_fp8.cuh): 64-row CTA, BN keys per tile, Q and KV rows of 576 elements, Q at
+// 0 and the KV ring after it in shared memory.
 template <int BlockN, int PageSize, bool Fp8, bool Causal>
 struct WgmmaTile {
   static constexpr int BN = BlockN;
@@ -55,51 +51,46 @@ struct WgmmaTile {
   static constexpr int kOffKv = kOffQ + kQBytes;
   static constexpr int kLog2P = log2_page_size<P>();
   // Q in the interleaved layout, copied by the consumers (cp.async); a loop whose producer
-  // copies Q by TMA (wgmma_seesaw, bf16 wgmma_ws; page_size >= 8) lays it out as a KV stage
+  // copies Q by TMA (tile_pairs, key_halves; page_size >= 8) lays it out as a KV stage
   // instead.
   static constexpr bool kQTma = false;
   static_assert(BN == 64, "the warpgroup main loops run block_n 64 (N = 32 keys per warpgroup)");
 };
 
-// Stages: KV tiles in the ring (2 for mainloop wgmma; wgmma_ws runs 3 for fp8, whose tiles are
-// half as large: Q + 3 stages + fp16 V + P + barriers = 223,296 B; bf16 stays at 2).
-// Tma (bf16 wgmma_ws, page_size >= 8): the producer fills the stages by TMA in the 64-byte-
-// swizzled layout, which serves as K-major K for QK (k_desc) and as MN-major V for PV
-// (v_desc); otherwise stages are interleaved and filled by cp.async.
-template <int BlockN, int PageSize, bool Fp8, bool Causal, int Stages = 2, bool Tma = false>
-struct MlaDecodeWgmmaConfig : WgmmaTile<BlockN, PageSize, Fp8, Causal> {
-  using T = WgmmaTile<BlockN, PageSize, Fp8, Causal>;
+// The bf16 key-halves tile: Q, 2 KV stages, the P tile, the row reductions and the mbarriers.
+// Tma (page_size >= 8): the producer fills the stages by TMA in the 64-byte-swizzled layout,
+// which serves as K-major K for QK (k_desc) and as MN-major V for PV (v_desc); otherwise
+// stages are interleaved and filled by cp.async.
+template <int BlockN, int PageSize, bool Causal, bool Tma>
+struct KeyHalvesConfig : WgmmaTile<BlockN, PageSize, false, Causal> {
+  using T = WgmmaTile<BlockN, PageSize, false, Causal>;
   using T::BN;
   using T::kGroupBytes;
   using T::kStageBytes;
   using T::kOffKv;
   static constexpr int kPStride = (BN + 8) * 2;               // P tile, 16-bit, padded (ldmatrix)
-  // V as the 16-bit B operand of PV: 8-key groups are kVGroupBytes apart (the LBO).
-  static constexpr int kVGroupBytes = Fp8 ? 8 * kVDim * 2 : kGroupBytes;
-  static constexpr int kStages = Stages;
+  static constexpr int kVGroupBytes = kGroupBytes;            // V's 8-key groups (the LBO): the stage's
+  static constexpr int kStages = 2;
   static constexpr bool kSw64 = Tma;                          // KV stage layout (k_desc, v_desc)
   static constexpr int kTmaRows = PageSize < BlockN ? PageSize : BlockN;   // one box: <= one page
   static constexpr int kTmaBoxBytes = kTmaRows * 64;
 
-  static constexpr int kVBytes = Fp8 ? BN * kVDim * 2 : 0;
   static constexpr int kPBytes = kRows * kPStride;
 
-  static constexpr int kOffV = kOffKv + kStages * kStageBytes;
-  static constexpr int kOffP = kOffV + kVBytes;
+  static constexpr int kOffP = kOffKv + kStages * kStageBytes;
   static constexpr int kOffRed = kOffP + kPBytes;
-  // wgmma_ws: full[kStages] then empty[kStages] mbarriers (8 bytes each), then with TMA stages
-  // q_full, q_empty: the producer copies Q too, in the stage layout (no consumer cp.async of Q,
-  // whose 73 KB issue held back the first KV copy).
+  // full[kStages] then empty[kStages] mbarriers (8 bytes each), then with TMA stages q_full,
+  // q_empty: the producer copies Q too, in the stage layout (no consumer cp.async of Q, whose
+  // 73 KB issue held back the first KV copy).
   static constexpr int kOffBar = kOffRed + T::kRedBytes;
   static constexpr int kOffQBar = kOffBar + 2 * kStages * 8;
   static constexpr bool kQTma = Tma;
   static constexpr int kSmemBytes = kOffQBar + (kQTma ? 2 * 8 : 0);
 
-  static_assert(Stages >= 2 && Stages <= 3, "2 or 3 KV stages");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
-  static_assert(kOffKv % 128 == 0 && kOffV % 128 == 0 && kStageBytes % 128 == 0, "core matrices are 128-byte aligned");
-  static_assert(!Tma || (!Fp8 && PageSize >= 8 && kOffKv % 512 == 0 && kStageBytes % 512 == 0),
-                "TMA stages: bf16, page_size >= 8, 512-byte-aligned swizzle atoms");
+  static_assert(kOffKv % 128 == 0 && kStageBytes % 128 == 0, "core matrices are 128-byte aligned");
+  static_assert(!Tma || (PageSize >= 8 && kOffKv % 512 == 0 && kStageBytes % 512 == 0),
+                "TMA stages: page_size >= 8, 512-byte-aligned swizzle atoms");
 };
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
@@ -158,7 +149,7 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-// Barrier of the 256 consumer threads of wgmma_ws (id 7), which the producer warpgroup skips.
+// Barrier of the 256 consumer threads (id 7), which the producer warpgroup skips.
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 7, 256;\n" ::: "memory"); }
 // Pins an accumulator register in program order around wgmma issue / wait (CUTLASS
 // warpgroup_fence_operand): no read or write of it is moved across.
@@ -177,7 +168,7 @@ __device__ __forceinline__ void wg_sync(int wg) { asm volatile("bar.sync %0, 128
 // arrive), and only then does the producer warp issue its first KV copy (it waits; 256 + 32
 // threads). Every CTA starts at once, and a Q copy issued behind the producers' KV stages
 // waited ~3 us to issue and ~3 us more to land (fp8 (128,1) b64: Q landed 8.4 us after the
-// PDL wait, the first KV stage just after; scripts/dev/seesaw_phase_probe.py).
+// PDL wait, the first KV stage just after, in per-CTA clock stamps).
 __device__ __forceinline__ void q_issued_arrive() { asm volatile("bar.arrive 8, 288;\n" ::: "memory"); }
 __device__ __forceinline__ void q_issued_wait() { asm volatile("bar.sync 8, 288;\n" ::: "memory"); }
 
@@ -204,8 +195,8 @@ __device__ __forceinline__ void wgmma_qk(float (&s)[4][4], uint64_t da, uint64_t
   }
 }
 
-// S[64 x 64] = (ScaleD ? S : 0) + A[64 x 32 bytes] . B[64 keys x 32 bytes]^T, e4m3 (the seesaw
-// loop: one warpgroup scores a whole 64-key tile, mla_decode_sm90_seesaw.cuh).
+// S[64 x 64] = (ScaleD ? S : 0) + A[64 x 32 bytes] . B[64 keys x 32 bytes]^T, e4m3 (the
+// tile_pairs loop: one warpgroup scores a whole 64-key tile, mla_decode_sm90_tile_pairs.cuh).
 template <bool Fp8, int ScaleD>
 __device__ __forceinline__ void wgmma_qk(float (&s)[8][4], uint64_t da, uint64_t db) {
   static_assert(Fp8, "the N = 64 QK wgmma is e4m3 only");
@@ -221,8 +212,8 @@ __device__ __forceinline__ void wgmma_qk(float (&s)[8][4], uint64_t da, uint64_t
       : "l"(da), "l"(db), "n"(ScaleD));
 }
 
-// The 128 accumulator operands of an m64n256 wgmma, written once for every input type (also
-// used by the overlapped loop's e4m3 PV, mla_decode_sm90_ovl.cuh).
+// O[64 x 256] += A[64 x 16 keys] (registers, mma.sync A-fragment layout) . B[16 keys x 256]
+// (shared memory, MN-major: imm-trans-b = 1), bf16.
 #define AITER_MLA_PV_ACC_REGS \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -266,22 +257,14 @@ __device__ __forceinline__ void wgmma_qk(float (&s)[8][4], uint64_t da, uint64_t
   "+f"(o[30][0]), "+f"(o[30][1]), "+f"(o[30][2]), "+f"(o[30][3]), \
   "+f"(o[31][0]), "+f"(o[31][1]), "+f"(o[31][2]), "+f"(o[31][3])
 
-// O[64 x 256] += A[64 x 16 keys] (registers, mma.sync A-fragment layout) . B[16 keys x 256]
-// (shared memory, MN-major: imm-trans-b = 1). fp16 for fp8 KV, bf16 for bf16 KV.
-template <bool F16>
-__device__ __forceinline__ void wgmma_pv(float (&o)[32][4], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (F16) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" AITER_MLA_PV_ACC_REGS
-                 "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
-                 : AITER_MLA_PV_ACC_OUTS(o)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-  } else {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" AITER_MLA_PV_ACC_REGS
-                 "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
-                 : AITER_MLA_PV_ACC_OUTS(o)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-  }
+__device__ __forceinline__ void wgmma_pv_bf16(float (&o)[32][4], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" AITER_MLA_PV_ACC_REGS
+               "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
+               : AITER_MLA_PV_ACC_OUTS(o)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
+#undef AITER_MLA_PV_ACC_REGS
+#undef AITER_MLA_PV_ACC_OUTS
 
 // ---- global -> shared loads (interleaved layout) ----------------------------------------------
 // Chunk (row r, 16-byte column ch) goes to (r/8)*kGroupBytes + ch*128 + (r%8)*16. Thread i
@@ -308,26 +291,6 @@ __device__ __forceinline__ void load_q_tile(uint8_t* smem, const uint8_t* __rest
     const uint32_t off = chunk_of<C>(i, r, col);
     const bool ok = r < valid_rows;
     const uint8_t* src = ok ? q + (q_row0 + r) * (int64_t)C::kRowBytes + col : q;
-    cp_async_16(base + off, src, ok ? 16 : 0);
-  }
-}
-
-// KV tile of BN virtual tokens from tok0 into stage `stage`; tokens >= kv_tok_end are
-// zero-filled, never read. 64-bit byte offsets.
-template <class C>
-__device__ __forceinline__ void load_kv_tile(uint8_t* smem, int stage, const uint8_t* __restrict__ kv,
-                                             const int* __restrict__ kv_indices, int tok0, int kv_tok_end) {
-  const uint32_t base = smem_addr(smem + C::kOffKv + stage * C::kStageBytes);
-#pragma unroll
-  for (int i = threadIdx.x; i < C::BN * C::kChunksPerRow; i += kThreads) {
-    int r, col;
-    const uint32_t off = chunk_of<C>(i, r, col);
-    const int v = tok0 + r;
-    const bool ok = v < kv_tok_end;
-    const uint8_t* src = kv;
-    if (ok) {
-      src = kv + kv_pool_row<C>(kv_indices, v) * (int64_t)C::kRowBytes + col;
-    }
     cp_async_16(base + off, src, ok ? 16 : 0);
   }
 }
@@ -359,8 +322,9 @@ __device__ __forceinline__ void produce_groups(uint32_t dst, const uint8_t* cons
   }
 }
 
-// wgmma_ws producer: the 32 lanes of the producer warp load the KV tile of BN virtual tokens
-// from tok0 into stage `stage` (same layout, zero-fill and 64-bit offsets as load_kv_tile).
+// The producer warp's cp.async copies (page_size < 8): the 32 lanes load the KV tile of BN
+// virtual tokens from tok0 into stage `stage`, interleaved (chunk_of's layout); tokens >=
+// kv_tok_end are zero-filled, never read; 64-bit byte offsets.
 // Lane (h, r8, lo) = (lane >> 4, (lane >> 1) & 7, lane & 1) owns row r8 of every 8-row group
 // and chunks 4cp + 2h + lo of it: its 8 page lookups are issued together, then per group and
 // cp one warp instruction fills 64 contiguous bytes of 8 rows (two 32-byte sectors each) and
@@ -386,30 +350,7 @@ __device__ __forceinline__ void produce_kv_tile(uint8_t* smem, int stage, const 
   produce_groups<C, 0>(dst, src, ok);
 }
 
-// fp8 KV: warpgroup `half` converts V columns [half*256, half*256 + 256) of the tile to fp16
-// (exact) in the interleaved layout, the B operand of its own PV; no other warpgroup reads them.
-template <class C>
-__device__ __forceinline__ void convert_v_half(uint8_t* smem, int stage, int half) {
-  if constexpr (C::kFp8) {
-    const uint8_t* src = smem + C::kOffKv + stage * C::kStageBytes;
-    uint8_t* dst = smem + C::kOffV;
-    const int tid = threadIdx.x & 127;
-#pragma unroll
-    for (int it = 0; it < C::BN * 16 / 128; ++it) {
-      const int i = tid + it * 128;
-      const int r8 = i & 7, c = half * 16 + ((i >> 3) & 15), g = i >> 7;
-      const uint4 x = *reinterpret_cast<const uint4*>(src + g * C::kGroupBytes + c * 128 + r8 * 16);
-      uint32_t h[8];
-      e4m3x16_to_f16x16(x, h);
-      // fp8 columns 16c..16c+15 are fp16 core-matrix columns 2c and 2c+1
-      uint8_t* d = dst + g * C::kVGroupBytes + (2 * c) * 128 + r8 * 16;
-      *reinterpret_cast<uint4*>(d) = make_uint4(h[0], h[1], h[2], h[3]);
-      *reinterpret_cast<uint4*>(d + 128) = make_uint4(h[4], h[5], h[6], h[7]);
-    }
-  }
-}
-
-// ---- TMA (page_size >= 8: the fp8 TMA loops and bf16 wgmma_ws) --------------------------------
+// ---- TMA (page_size >= 8) -----------------------------------------------------------------------
 // A TMA stage is 64-byte swizzled: (row, 16-byte chunk) sits in column block chunk / 4 (BN rows
 // x 64 B), at row * 64, its position in the 64-byte row XORed with (row / 2) % 4 (TMA
 // SWIZZLE_64B = wgmma's 64-byte swizzle; both act on address bits, every block 512-byte aligned).
@@ -468,9 +409,9 @@ __device__ __forceinline__ void produce_kv_tile_tma(uint32_t stage_addr, uint32_
 // S = Q . K[keys of warpgroup half]^T over all 576 dims, in two calls so that work can run
 // while the tensor cores compute. fp8: Hopper's e4m3 wgmma accumulates with about 14 bits of
 // mantissa (DeepSeek-V3 report, section 3.3.2; seen here as LSE errors up to 3.6e-3 against
-// 5e-7 for mma.sync), so the 18 k-steps run as chunks of kQkChunk steps into two alternating
-// accumulator sets, each added into S in fp32 (DeepGEMM's "promotion"). bf16 accumulates in
-// fp32 and runs as one chunk.
+// 5e-7 in fp32), so the 18 k-steps run as chunks of kChunk steps into two alternating
+// accumulator sets, each added into S in fp32 (DeepGEMM's "promotion"; fp8: tile_pairs' odd
+// last tile). bf16 accumulates in fp32 and runs as one chunk.
 template <class C>
 struct QkAcc {
   static constexpr int kChunk = C::kFp8 ? 3 : C::kKSteps;    // k-steps per promoted chunk
@@ -481,7 +422,7 @@ struct QkAcc {
 
 // B operand (K of warpgroup half's keys, one k32 step kk) of QK. k_addr = the stage's address
 // plus k_half_offset<C>(half). Interleaved stages: 8-key groups kGroupBytes apart, 16-byte chunks
-// 128 B apart. 64-byte-swizzled stages (the overlapped loop's TMA layout, C::kSw64): 64-byte
+// 128 B apart. 64-byte-swizzled stages (the TMA layout, C::kSw64): 64-byte
 // column blocks of BN rows x 64 B, 8-row atoms 512 B apart; a k32 step is half a block, reached
 // by moving the start address 32 B (the hardware applies the swizzle to the final address).
 template <class C>
@@ -641,13 +582,13 @@ __device__ __forceinline__ void pv_issue(float (&o)[C::kOTiles][4], const uint8_
   uint32_t a[C::BN / 16][4];
 #pragma unroll
   for (int kk = 0; kk < C::BN / 16; ++kk) ldmatrix_x4(a[kk], p_addr + kk * 32);
-  const uint8_t* v_base = C::kFp8 ? smem + C::kOffV : smem + C::kOffKv + stage * C::kStageBytes;
+  const uint8_t* v_base = smem + C::kOffKv + stage * C::kStageBytes;
   const uint32_t v_addr = smem_addr(v_base) + (C::kSw64 ? half * (kVDim / 2 / 32) * (C::BN * 64) : half * (kVDim / 2 / 8) * 128);
   fence_operands(o);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < C::BN / 16; ++kk)
-    wgmma_pv<C::kFp8>(o, a[kk], v_desc<C>(v_addr, kk));
+    wgmma_pv_bf16(o, a[kk], v_desc<C>(v_addr, kk));
   wgmma_commit();
   fence_operands(o);
 }

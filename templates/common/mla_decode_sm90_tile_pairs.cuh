@@ -1,10 +1,9 @@
-// MLA decode on sm_90a: the fp8 "seesaw" main loop (template parameter mainloop = "wgmma_seesaw").
+// MLA decode on sm_90a: the fp8 "tile pairs" main loop (template parameter mainloop =
+// "tile_pairs", more than 32 rows).
 //
-// wgmma_ot runs both consumer warpgroups in lockstep on every tile: each scores half of the
-// keys (QK at N = 32, which re-reads the whole Q tile per warpgroup: 108 KB of operand reads
-// per tile), they agree the row max through shared memory, and the tensor cores idle while both
-// run the softmax. Here the tiles go in pairs (a, b) and each warpgroup scores a whole tile
-// (N = 64, so Q is read once per 64 keys per warpgroup: 72 KB per tile):
+// The KV tiles go in pairs (a, b) and each consumer warpgroup scores a whole tile (QK at
+// N = 64, so Q is read once per 64 keys per warpgroup: 72 KB of operand reads per tile, against
+// 108 KB when both warpgroups score half of every tile at N = 32):
 //   warpgroup 0                                warpgroup 1
 //   S_a = Q K_a^T, m_loc,a = max(m, max S_a)   S_b = Q K_b^T, m_loc,b = max(m, max S_b)
 //   p_a = 2^(S_a - m_loc,a) in fp32            p_b = 2^(S_b - m_loc,b) in fp32
@@ -14,36 +13,35 @@
 //   ---------- consumer barrier: P_a, P_b, factors written ----------
 //   O_L *= 2^(m - M); O_L += V_a,L^T P_a^T     O_R *= 2^(m - M); O_R += V_a,R^T P_a^T
 //   O_L += V_b,L^T P_b^T                       O_R += V_b,R^T P_b^T
-// Both softmaxes run at once and O^T is rescaled once a pair (wgmma_ot: once a tile); the
-// warpgroups meet twice a pair (wgmma_ot: twice a tile). PV_a and PV_b go out as one commit
-// group, the rescale of each O^T m-block just before its four wgmmas (pv_pair). p = 1 stays exact in the tile that
+// Both softmaxes run at once and O^T is rescaled once a pair; the warpgroups meet twice a
+// pair, and still run in lockstep. PV_a and PV_b go out as one commit group, the rescale of
+// each O^T m-block just before its four wgmmas (pv_pair). p = 1 stays exact in the tile that
 // holds M. Numerics: every p is taken against the pair's max, not the running max at its own
-// tile as in wgmma_ot, so one tile of each pair is rounded against its partner's max; results
-// move with the schedule's split points by 1.4-1.7x wgmma_ot's e4m3 rounding noise, at the same
-// error against float64 (a float64 model's figures: scripts/dev/pair_rounding_model.py;
-// docs/perf/notes.md, issue 6 change 18). A work's odd last tile runs as wgmma_ot runs a tile
-// (`single`, below). O^T, P, V^T fragments and the epilogue are wgmma_ot's
-// (mla_decode_sm90_ot.cuh); warpgroup c still owns V columns [256c, 256c + 256). Every wgmma
-// is waited inside `pair` (and `single`): none is in flight across the loop's back edge (ptxas
-// C7514).
+// tile, so one tile of each pair is rounded against its partner's max; results move with the
+// schedule's split points by 1.4-1.7x the per-tile rounding noise, at the same error against
+// float64 (docs/perf/notes.md, issue 6 change 18). A work's odd last tile is split between the
+// warpgroups by keys (`single`, below). O^T, P, V^T fragments and the epilogue are
+// mla_decode_sm90_transposed_pv.cuh's; warpgroup c owns V columns [256c, 256c + 256). Every
+// wgmma is waited inside `pair` (and `single`): none is in flight across the loop's back edge
+// (else ptxas serializes every wgmma: C7514).
 #pragma once
-#include "mla_decode_sm90_ot.cuh"
+#include "mla_decode_sm90_transposed_pv.cuh"
 
 namespace mla {
-namespace seesaw {
+namespace tile_pairs {
 
 template <int BlockN, int PageSize, bool Causal>
-struct MlaDecodeSeesawConfig : ovl::Fp8TmaTile<BlockN, PageSize, Causal> {
-  using T = ovl::Fp8TmaTile<BlockN, PageSize, Causal>;
+struct TilePairsConfig : fp8::TmaTile<BlockN, PageSize, Causal> {
+  using T = fp8::TmaTile<BlockN, PageSize, Causal>;
   using T::BN;
   static constexpr int kSTiles = BN / 8;               // n8 tiles of S per thread: N = BN per warpgroup
   static constexpr int kStages = 4;                   // KV ring
   static constexpr int kMBlocks = kVDim / 2 / 64;     // m64 blocks of O^T per warpgroup
-  static constexpr int kPBytes = kRows * BN;          // one P buffer (ot::p_offset layout)
+  static constexpr int kPBytes = kRows * BN;          // one P buffer (transposed_pv::p_offset layout)
   static constexpr int kOffP = T::kOffKv + kStages * T::kStageBytes;   // P_a, P_b
-  static constexpr int kOffScale = kOffP + 2 * kPBytes;               // O^T's factor [64] (ot::rescale_ot's buf 0), [64] spare
+  static constexpr int kOffScale = kOffP + 2 * kPBytes;               // O^T's factor [64] (transposed_pv::rescale_ot's buf 0), [64] spare
   static constexpr int kOffMax = kOffScale + 2 * kRows * 4;           // m_loc of warpgroup 0 [64], of warpgroup 1 [64]
-  static constexpr int kOffInv = kOffMax + 2 * kRows * 4;             // [64] out_scale / l (ot::write_output)
+  static constexpr int kOffInv = kOffMax + 2 * kRows * 4;             // [64] out_scale / l (transposed_pv::write_output)
   static constexpr int kOffRed = kOffInv + kRows * 4;
   static constexpr int kOffBar = kOffRed + T::kRedBytes;              // full[kStages], empty[kStages]
   static constexpr int kOffQBar = kOffBar + 2 * kStages * 8;          // q_full, q_empty (kQTma)
@@ -51,7 +49,7 @@ struct MlaDecodeSeesawConfig : ovl::Fp8TmaTile<BlockN, PageSize, Causal> {
   // With TMA stages the producer copies Q too, first of each work, in the stage layout: no
   // consumer cp.async of Q, whose issue stalled behind the KV copies.
   static constexpr bool kQTma = T::kSw64;
-  static_assert(BN == 64, "the seesaw loop scores 64-key tiles (m64n64 QK)");
+  static_assert(BN == 64, "the tile_pairs loop scores 64-key tiles (m64n64 QK)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
   static_assert(T::kOffKv % 512 == 0 && kOffP % 128 == 0, "operand tiles are aligned");
 };
@@ -61,7 +59,7 @@ struct MlaDecodeSeesawConfig : ovl::Fp8TmaTile<BlockN, PageSize, Causal> {
 __device__ __forceinline__ float max_ref(float m) { return m == -INFINITY ? 0.f : m; }
 
 // Row values [which][64] through shared memory: row_factor(0) holds O^T's factor of the pair
-// (ot::rescale_ot's buffer 0), row_max(half) warpgroup half's m_loc.
+// (transposed_pv::rescale_ot's buffer 0), row_max(half) warpgroup half's m_loc.
 template <class C>
 __device__ __forceinline__ float* row_factor(uint8_t* smem, int which) {
   return reinterpret_cast<float*>(smem + C::kOffScale) + which * kRows;
@@ -86,7 +84,7 @@ __device__ __forceinline__ void pv_wait(float (&o)[C::kOTiles][4], uint32_t (&a)
 }
 
 // S = Q K(stage)^T over the whole 64-key tile, waited. fp8 promotion (see wg::QkAcc) with one
-// accumulator set beside S (O^T's 128 registers leave no room for wgmma_ot's two): chunk 0 is
+// accumulator set beside S (O^T's 128 registers leave no room for QkAcc's two): chunk 0 is
 // issued into S itself, chunk c > 0 into acc, which is added to S once it is done; chunk c + 1
 // waits for that add, so the tensor cores see a gap per chunk that the other warpgroup's
 // wgmmas fill. Chunk c runs k-steps [QkPlan::kBounds[c], QkPlan::kBounds[c + 1]).
@@ -117,7 +115,7 @@ __device__ __forceinline__ void qk_rest(float (&s)[C::kSTiles][4], float (&acc)[
 }
 template <class C>
 __device__ __forceinline__ void qk_tile(float (&s)[C::kSTiles][4], const uint8_t* smem, uint32_t bar_full, StageUse su) {
-  static_assert(C::kFp8, "the seesaw loop is fp8 only");
+  static_assert(C::kFp8, "the tile_pairs loop is fp8 only");
   static_assert(QkPlan::kBounds[0] == 0 && QkPlan::kBounds[QkPlan::kChunks] == C::kKSteps, "the chunks cover QK's k-steps");
   wg::mbar_wait(bar_full + su.stage * 8, su.parity);
   const uint32_t q_addr = smem_addr(smem + C::kOffQ);
@@ -136,12 +134,12 @@ __device__ __forceinline__ void pv_pair_blocks(float (&o)[C::kOTiles][4], const 
                                                const uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], const float2 (&f)[8],
                                                bool rescale, uint32_t p_a, uint32_t p_b) {
   if constexpr (MB < C::kMBlocks) {
-    if (rescale) ot::scale_mblock(o, MB, f);
+    if (rescale) transposed_pv::scale_mblock(o, MB, f);
     wg::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < C::BN / 32; ++kk) ot::wgmma_pv_t<MB>(o, fa[MB][kk], wg::make_desc(p_a + kk * 256, 128, 512));
+    for (int kk = 0; kk < C::BN / 32; ++kk) transposed_pv::wgmma_pv_t<MB>(o, fa[MB][kk], wg::make_desc(p_a + kk * 256, 128, 512));
 #pragma unroll
-    for (int kk = 0; kk < C::BN / 32; ++kk) ot::wgmma_pv_t<MB>(o, fb[MB][kk], wg::make_desc(p_b + kk * 256, 128, 512));
+    for (int kk = 0; kk < C::BN / 32; ++kk) transposed_pv::wgmma_pv_t<MB>(o, fb[MB][kk], wg::make_desc(p_b + kk * 256, 128, 512));
     pv_pair_blocks<C, MB + 1>(o, fa, fb, f, rescale, p_a, p_b);
   }
 }
@@ -158,12 +156,12 @@ __device__ __forceinline__ void pv_pair(float (&o)[C::kOTiles][4], uint32_t (&fa
   wg::mbar_wait(bar_full + su_a.stage * 8, su_a.parity);
   wg::mbar_wait(bar_full + su_b.stage * 8, su_b.parity);
   wg::fence_operands(o);
-  ot::load_vt_frags<C>(fa, smem, su_a.stage, half, group, lane, valid_a);
-  ot::load_vt_frags<C>(fb, smem, su_b.stage, half, group, lane, valid_b);
+  transposed_pv::load_vt_frags<C>(fa, smem, su_a.stage, half, group, lane, valid_a);
+  transposed_pv::load_vt_frags<C>(fb, smem, su_b.stage, half, group, lane, valid_b);
   wg::mbar_arrive(bar_empty + su_a.stage * 8);
   wg::mbar_arrive(bar_empty + su_b.stage * 8);
   float2 f[8];
-  const bool rescale = ot::load_factors<C>(f, smem, 0, lane);   // row_factor(0) is ot's scale[0]
+  const bool rescale = transposed_pv::load_factors<C>(f, smem, 0, lane);   // row_factor(0) is transposed_pv's scale[0]
   const uint32_t p_a = smem_addr(smem + C::kOffP), p_b = p_a + C::kPBytes;
   wg::fence_operands(o);
   pv_pair_blocks<C, 0>(o, fa, fb, f, rescale, p_a, p_b);
@@ -211,11 +209,11 @@ __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C
     if (half == 0 && (lane & 3) == 0) row_factor<C>(smem, 0)[r0 + 8 * h] = f_o;
   }
   {
-    uint8_t* p = smem + C::kOffP + half * C::kPBytes + ot::p_row(r0, (lane & 3) * 2);
+    uint8_t* p = smem + C::kOffP + half * C::kPBytes + transposed_pv::p_row(r0, (lane & 3) * 2);
 #pragma unroll
     for (int j = 0; j < C::kSTiles; ++j) {
-      *reinterpret_cast<__nv_fp8x2_storage_t*>(p + ot::p_step(j)) = ovl::e4m3x2(s[j][0] * g[0], s[j][1] * g[0]);
-      *reinterpret_cast<__nv_fp8x2_storage_t*>(p + 512 + ot::p_step(j)) = ovl::e4m3x2(s[j][2] * g[1], s[j][3] * g[1]);
+      *reinterpret_cast<__nv_fp8x2_storage_t*>(p + transposed_pv::p_step(j)) = fp8::e4m3x2(s[j][0] * g[0], s[j][1] * g[0]);
+      *reinterpret_cast<__nv_fp8x2_storage_t*>(p + 512 + transposed_pv::p_step(j)) = fp8::e4m3x2(s[j][2] * g[1], s[j][3] * g[1]);
     }
   }
   wg::fence_proxy_async();   // P_a, P_b -> the PV wgmmas' B operand
@@ -226,24 +224,24 @@ __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C
   for (int mb = 0; mb < C::kMBlocks; ++mb) wg::fence_operands(fb[mb]);
 }
 
-// wgmma_ot's view of the seesaw tile: the same shared-memory layout, S at N = BN / 2 per
-// warpgroup (each scores half of a tile's keys).
+// The pair tile seen by `single`: the same shared-memory layout, S at N = BN / 2 per warpgroup
+// (each scores half of a tile's keys).
 template <class C>
-struct OtTile : C {
+struct KeyHalfTile : C {
   static constexpr int kSTiles = C::BN / 16;
 };
 
-// A work's last tile when its tile count is odd, as wgmma_ot runs a tile: each warpgroup scores
-// half of its keys, the maxima meet through ot::softmax_p, and both add the tile into their O^T
-// columns. (A pair with one tile would leave warpgroup 1 idle through QK and softmax: 1-tile
-// works ran 7% slower than wgmma_ot.) P and O^T's factors go to buffer 1; the barrier first
+// A work's last tile when its tile count is odd: each warpgroup scores half of its keys, the
+// maxima meet through transposed_pv::softmax_p, and both add the tile into their O^T columns.
+// (A pair with one tile would leave warpgroup 1 idle through QK and softmax: 1-tile works ran
+// 7% slower that way.) P and O^T's factors go to buffer 1; the barrier first
 // makes sure both warpgroups' PV of the work's last pair, which read P buffers 0 and 1, are done.
 template <class C>
 __device__ __forceinline__ void single(float (&o)[C::kOTiles][4], uint32_t (&a)[C::kMBlocks][C::BN / 32][4],
                                        RowState& st, uint8_t* smem, uint32_t bar_full, uint32_t bar_empty,
                                        StageUse su, int tok, int valid, float scale_log2, int half, int group,
                                        int lane) {
-  using V = OtTile<C>;
+  using V = KeyHalfTile<C>;
   float s[V::kSTiles][4];
   wg::mbar_wait(bar_full + su.stage * 8, su.parity);
   {
@@ -252,16 +250,16 @@ __device__ __forceinline__ void single(float (&o)[C::kOTiles][4], uint32_t (&a)[
     wg::qk_finish<V>(s, qk_acc, smem, su.stage, half);
   }
   wg::fence_operands(o);
-  ot::load_vt_frags<V>(a, smem, su.stage, half, group, lane, valid);
+  transposed_pv::load_vt_frags<V>(a, smem, su.stage, half, group, lane, valid);
   wg::mbar_arrive(bar_empty + su.stage * 8);
   wg::consumer_sync();       // the last pair's PV_a and PV_b are done in both warpgroups
-  ot::softmax_p<V>(s, st, smem, 1, tok, scale_log2, group, half, lane);
+  transposed_pv::softmax_p<V>(s, st, smem, 1, tok, scale_log2, group, half, lane);
   wg::fence_proxy_async();   // P -> the PV wgmma's B operand
   wg::consumer_sync();       // P and the factors of all rows written
-  ot::rescale_ot<V>(o, smem, 1, lane);
-  ot::pv_issue<V>(o, a, smem, 1);
+  transposed_pv::rescale_ot<V>(o, smem, 1, lane);
+  transposed_pv::pv_issue<V>(o, a, smem, 1);
   pv_wait<V>(o, a);
 }
 
-}  // namespace seesaw
+}  // namespace tile_pairs
 }  // namespace mla

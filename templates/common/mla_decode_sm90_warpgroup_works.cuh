@@ -1,19 +1,16 @@
-// MLA decode on sm_90a: the row-split fp8 main loop (template parameter mainloop = "wgmma_rs").
+// MLA decode on sm_90a: the fp8 "warpgroup works" main loop (template parameter mainloop =
+// "warpgroup_works", works of at most 32 rows: (16,1), (32,1), (16,2)).
 //
-// wgmma_ot splits each tile between its two consumer warpgroups by keys (QK) and by V columns
-// (PV), so they meet twice a tile (row-max exchange, P) and run in lockstep: the tensor cores
-// idle through every softmax (docs/perf/notes.md, knock-outs: ~210 us of the 270 us are
-// CUDA-core work and latency). Here the warpgroups split the CTA's 64 query rows instead:
-// warpgroup c owns rows [32c, 32c + 32) end to end and shares only the KV stages with the
-// other one, so one warpgroup's softmax runs while the other's matrix products do.
-//
+// Each consumer warpgroup runs its own work list (cluster) with its own producer warp and
+// 2-stage KV ring, so one CTA holds two independent pipelines and one warpgroup's softmax runs
+// while the other's matrix products do. A warpgroup holds a whole work's <= 32 query rows.
 // Both products run transposed, with the query rows as the wgmma N = 32:
 //   QK: S^T[64 keys x 32 rows] = K[64 x 576] . Q^T, A = K (the KV stage) and B = the
-//       warpgroup's 32 Q rows, both K-major in shared memory; m64n32k32 e4m3, promoted in fp32
-//       every 3 k-steps as in the other fp8 loops but the seesaw's pairs (6).
+//       warpgroup's 32 Q rows, both K-major in shared memory; m64n32k32 e4m3, promoted to fp32
+//       every 3 k-steps.
 //   PV: O^T[512 V columns x 32 rows] += V^T[512 x 64 keys] . P^T[64 keys x 32 rows], A = V^T
-//       from registers (ldmatrix.trans of the stage + prmt, as wgmma_ot) and B = P^T from
-//       shared memory; 8 m64 blocks of m64n32k32, 128 accumulators per thread.
+//       from registers (ldmatrix.trans of the stage + prmt) and B = P^T from shared memory;
+//       8 m64 blocks of m64n32k32, 128 accumulators per thread.
 // S^T and O^T share one thread layout along N: thread (warp w, lane) holds query rows
 // 8i + 2 (lane % 4) + b (i = 0..3, b = 0, 1) in both, so the row factors never leave the thread.
 // A row's max over the tile's keys (M: 16w + lane / 4 + 8h) is reduced over the lane's key bits
@@ -25,18 +22,18 @@
 // keys j and j + 8 of a 16-key block side by side (pair_pos): exactly the two keys a thread
 // of S^T holds, so P^T is stored as one 16-bit word per query row.
 #pragma once
-#include "mla_decode_sm90_ovl.cuh"
+#include "mla_decode_sm90_fp8.cuh"
 
 namespace mla {
-namespace rs {
+namespace wg_works {
 
 constexpr int kWgRows = 32;   // query rows per consumer warpgroup (the wgmma N)
 
 template <int BlockN, int PageSize, bool Causal>
-struct MlaDecodeRsConfig : ovl::Fp8TmaTile<BlockN, PageSize, Causal> {
-  using T = ovl::Fp8TmaTile<BlockN, PageSize, Causal>;
+struct WarpgroupWorksConfig : fp8::TmaTile<BlockN, PageSize, Causal> {
+  using T = fp8::TmaTile<BlockN, PageSize, Causal>;
   using T::BN;
-  static constexpr int kStages = 4;                      // KV ring
+  static constexpr int kStages = 4;                      // KV stages: two rings of 2, one per warpgroup
   static constexpr int kMBlocks = kVDim / 64;            // m64 blocks of O^T per warpgroup
   static constexpr int kKSteps = T::kKSteps;             // k32 steps of QK (18)
   static constexpr int kQkChunk = 3;                     // k-steps per fp32-promoted chunk
@@ -48,7 +45,7 @@ struct MlaDecodeRsConfig : ovl::Fp8TmaTile<BlockN, PageSize, Causal> {
   static constexpr int kOffRed = kOffP + 4 * kPBytes;                 // [2 warpgroups][2 buffers]
   static constexpr int kOffBar = kOffRed + 4 * kRedFloats * 4;        // full[kStages], empty[kStages]
   static constexpr int kSmemBytes = kOffBar + 2 * kStages * 8;
-  static_assert(BN == 64, "the row-split loop's S^T is one m64 block of keys");
+  static_assert(BN == 64, "the warpgroup_works loop's S^T is one m64 block of keys");
   static_assert(kKSteps % kQkChunk == 0 && kKSteps / kQkChunk >= 2, "k-steps split into 2 or more whole chunks");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
   static_assert(T::kOffKv % 512 == 0 && kOffP % 128 == 0, "operand tiles are aligned");
@@ -109,10 +106,10 @@ __device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C:
     for (int kk = 0; kk < C::BN / 32; ++kk) {
       uint32_t* d = a[mb][kk];
       const uint32_t d0 = d[0], d2 = d[2];
-      d[0] = ovl::prmt(d0, d[1], 0x6420);   // V column 2 (lane / 4) of the chunk, positions 4r..
-      d[1] = ovl::prmt(d0, d[1], 0x7531);   // column 2 (lane / 4) + 1
-      d[2] = ovl::prmt(d2, d[3], 0x6420);   // second 16-key block
-      d[3] = ovl::prmt(d2, d[3], 0x7531);
+      d[0] = fp8::prmt(d0, d[1], 0x6420);   // V column 2 (lane / 4) of the chunk, positions 4r..
+      d[1] = fp8::prmt(d0, d[1], 0x7531);   // column 2 (lane / 4) + 1
+      d[2] = fp8::prmt(d2, d[3], 0x6420);   // second 16-key block
+      d[3] = fp8::prmt(d2, d[3], 0x7531);
     }
 }
 
@@ -245,7 +242,7 @@ __device__ __forceinline__ void softmax_pt(float (&s)[4][4], RowState8& st, floa
       const float p0 = fast_exp2(fmaf(s[i][b], sc, -m_ref[q]));
       const float p1 = fast_exp2(fmaf(s[i][b + 2], sc, -m_ref[q]));
       st.l[q] = st.l[q] * scale_o[q] + (p0 + p1);
-      *reinterpret_cast<__nv_fp8x2_storage_t*>(pt + i * 512 + b * 16) = ovl::e4m3x2(p0, p1);
+      *reinterpret_cast<__nv_fp8x2_storage_t*>(pt + i * 512 + b * 16) = fp8::e4m3x2(p0, p1);
     }
   if (__any_sync(0xffffffffu, changed)) {   // skipping factors of exactly 1 is exact
 #pragma unroll
@@ -370,5 +367,5 @@ __device__ __forceinline__ void load_q_rows(uint8_t* smem, const uint8_t* __rest
   }
 }
 
-}  // namespace rs
+}  // namespace wg_works
 }  // namespace mla

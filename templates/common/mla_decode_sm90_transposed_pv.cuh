@@ -1,49 +1,35 @@
-// MLA decode on sm_90a: the fp8 main loop without a V transpose (template parameter
-// mainloop = "wgmma_ot").
-//
-// wgmma_ovl runs PV as O += P V with V^T as the K-major B operand, which three producer warps
-// write to shared memory every tile; measured, that transpose (32 KB read + 32 KB written per
-// tile) was the loop's limiter (half of it: 321 -> 253 us at fp8 (128,1) b64 ctx 8192). Here PV
-// runs transposed, O^T[512 x 64] += V^T[512 x keys] . P^T[keys x 64]:
+// MLA decode on sm_90a: PV computed transposed, O^T[512 x 64] += V^T[512 x keys] . P^T[keys x
+// 64], for the tile_pairs loop (mla_decode_sm90_tile_pairs.cuh) and its odd last tile.
 //   * A = V^T comes from registers: each consumer warp reads its 16 V columns of the KV stage
 //     with ldmatrix.trans (16-bit elements = 2 columns of one key) and one prmt per register
-//     merges two keys' halves into the e4m3 k32 A fragment. Nothing is written back.
+//     merges two keys' halves into the e4m3 k32 A fragment. Nothing is written back (a V^T tile
+//     written to shared memory every tile, 32 KB read + 32 KB written, was the limiter).
 //   * B = P^T is P itself in shared memory (rows of P are K-major: positions contiguous).
 // Warpgroup c owns O^T rows (V columns) [256c, 256c + 256) as four m64n64 accumulators
-// (128 floats per thread, as before). QK, the row-max exchange and l stay as in the other loops
-// (S layout: warp g holds rows 16g + lane/4 (+8)); the per-row factors and 1/l go through
-// shared memory to the O^T layout (thread holds 16 rows x 8 columns).
+// (128 floats per thread). In the S layout warp g holds rows 16g + lane/4 (+8); the per-row
+// factors and 1/l go through shared memory to the O^T layout (thread holds 16 rows x 8
+// columns).
 //
 // A-fragment row rho (0..15) of warp w in m-block mb of warpgroup c is V column
 // 16 X + 2 (rho % 8) + rho / 8 with X = 16 c + 4 mb + w (a 16-column chunk of V): the
-// ldmatrix.trans lane (j, r) = (lane / 4, lane % 4) holds columns 2j, 2j + 1. Key positions
-// follow p_pos (mla_decode_sm90_ovl.cuh), as P's columns do.
+// ldmatrix.trans lane (j, r) = (lane / 4, lane % 4) holds columns 2j, 2j + 1.
 //
-// Order per tile: QK(t) (PV(t-1) still computes ahead of it on the tensor cores) -> A(t) from
-// the stage, stage released -> softmax(t) -> barrier -> O^T rescale -> PV(t) issued, not waited.
+// Key order inside V^T. ldmatrix.trans hands lane (j, r) the bytes of keys 2r, 2r+1 for
+// columns 2j, 2j+1; two such matrices (keys 0-7 and 8-15 of a 16-key block) are merged with
+// one prmt per column into 4-key words. So positions 4r..4r+3 of a 16-key block hold keys
+// 2r, 2r+1, 8+2r, 9+2r. PV sums over keys, so any order works as long as P uses the same one:
+// P's column for key k is at p_pos(k).
 #pragma once
-#include "mla_decode_sm90_ovl.cuh"
+#include "mla_decode_sm90_fp8.cuh"
 
 namespace mla {
-namespace ot {
+namespace transposed_pv {
 
-template <int BlockN, int PageSize, bool Causal>
-struct MlaDecodeOtConfig : ovl::Fp8TmaTile<BlockN, PageSize, Causal> {
-  using T = ovl::Fp8TmaTile<BlockN, PageSize, Causal>;
-  using T::BN;
-  static constexpr int kStages = 4;                   // KV ring (no V^T buffers: room for a 4th)
-  static constexpr int kMBlocks = kVDim / 2 / 64;     // m64 blocks of O^T per warpgroup
-  // P (B operand, K-major): 8-row groups 512 B apart, 16-position core matrices 128 B apart.
-  static constexpr int kPBytes = kRows * BN;
-  static constexpr int kOffP = T::kOffKv + kStages * T::kStageBytes;   // 2 buffers
-  static constexpr int kOffScale = kOffP + 2 * kPBytes;               // [2][64] O^T row factors
-  static constexpr int kOffInv = kOffScale + 2 * kRows * 4;            // [64] out_scale / l
-  static constexpr int kOffRed = kOffInv + kRows * 4;
-  static constexpr int kOffBar = kOffRed + T::kRedBytes;               // full[kStages], empty[kStages]
-  static constexpr int kSmemBytes = kOffBar + 2 * kStages * 8;
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
-  static_assert(T::kOffKv % 512 == 0 && kOffP % 128 == 0, "operand tiles are aligned");
-};
+// Position of tile key k (0 .. BN-1) in P's columns and V^T's K dimension (see the header).
+__device__ __forceinline__ int p_pos(int k) {
+  const int kk = k & 15;
+  return (k & ~15) | (((kk & 7) >> 1) << 2) | ((kk >> 3) << 1) | (kk & 1);
+}
 
 // Byte offset of P(row, position) in a P buffer (K-major core matrices, see the config).
 __device__ __forceinline__ int p_offset(int row, int pos) {
@@ -53,7 +39,7 @@ __device__ __forceinline__ int p_offset(int row, int pos) {
 // Where softmax stores P: the thread's pair of keys key0 + 8 j, +1 (key0 = its first key, even,
 // a multiple of 32 plus 2 (lane % 4)) of rows r0 and r0 + 8 lie at p_row(r0, key0) +
 // p_step(j) and + 512 + p_step(j): p_pos moves n8 tile j by 16 (j / 2) + 2 (j % 2) positions.
-__device__ __forceinline__ int p_row(int r0, int key0) { return p_offset(r0, ovl::p_pos(key0)); }
+__device__ __forceinline__ int p_row(int r0, int key0) { return p_offset(r0, p_pos(key0)); }
 __device__ __forceinline__ constexpr int p_step(int j) { return (j >> 1) * 128 + (j & 1) * 2; }
 
 // This warp's A fragments of PV for the tile in `stage`: a[mb][kk] for m-block mb, k32 step kk.
@@ -91,10 +77,10 @@ __device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C:
           d[q] &= (k0 < valid ? 0x0000ffffu : 0u) | (k0 + 1 < valid ? 0xffff0000u : 0u);
         }
       }
-      a[mb][kk][0] = ovl::prmt(d[0], d[1], 0x6420);   // row j: column 2j, positions 4r.. of block 0
-      a[mb][kk][1] = ovl::prmt(d[0], d[1], 0x7531);   // row j + 8: column 2j + 1
-      a[mb][kk][2] = ovl::prmt(d[2], d[3], 0x6420);   // block 1 (positions 16 + 4r ..)
-      a[mb][kk][3] = ovl::prmt(d[2], d[3], 0x7531);
+      a[mb][kk][0] = fp8::prmt(d[0], d[1], 0x6420);   // row j: column 2j, positions 4r.. of block 0
+      a[mb][kk][1] = fp8::prmt(d[0], d[1], 0x7531);   // row j + 8: column 2j + 1
+      a[mb][kk][2] = fp8::prmt(d[2], d[3], 0x6420);   // block 1 (positions 16 + 4r ..)
+      a[mb][kk][3] = fp8::prmt(d[2], d[3], 0x7531);
     }
   }
 }
@@ -122,8 +108,8 @@ __device__ __forceinline__ void softmax_p(float (&s)[C::kSTiles][4], RowState& s
   float sum[2];
   uint8_t* p = smem + C::kOffP + buf * C::kPBytes + p_row(r0, half * (C::BN / 2) + (lane & 3) * 2);
   exp_scores<C>(s, mx, sc, sum, [&](int j, float p0, float p1, float p2, float p3) {
-    *reinterpret_cast<__nv_fp8x2_storage_t*>(p + p_step(j)) = ovl::e4m3x2(p0, p1);
-    *reinterpret_cast<__nv_fp8x2_storage_t*>(p + 512 + p_step(j)) = ovl::e4m3x2(p2, p3);
+    *reinterpret_cast<__nv_fp8x2_storage_t*>(p + p_step(j)) = fp8::e4m3x2(p0, p1);
+    *reinterpret_cast<__nv_fp8x2_storage_t*>(p + 512 + p_step(j)) = fp8::e4m3x2(p2, p3);
   });
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * scale_o[h] + sum[h];
@@ -258,5 +244,5 @@ __device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], Ro
   }
 }
 
-}  // namespace ot
+}  // namespace transposed_pv
 }  // namespace mla
