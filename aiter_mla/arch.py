@@ -42,7 +42,7 @@ def tile_rows(num_heads: int, max_seqlen_q: int) -> int:
 
 
 #: Rows (heads x qlen) up to which one consumer warpgroup holds a whole work: those shapes get
-#: two work lists per multiprocessor, one per warpgroup of the fp8 ``wgmma_dual`` loop.
+#: two work lists per multiprocessor, one per warpgroup of the fp8 ``warpgroup_works`` loop.
 FEW_ROWS = 32
 
 

@@ -319,8 +319,8 @@ def split_reference(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page
     For every work record ``work_info_set[work_indptr[0]:work_indptr[-1]]`` (layout in
     :mod:`aiter_mla.work_info`): q tokens [qo_start, qo_end) of batch ``batch_idx`` attend to the
     batch's KV tokens [kv_start*P - kv_indptr[b]*P, end) where end is kv_end*P when P == 1 or
-    kv_offset != 0, else (kv_end-1)*P + kv_last_page_lens[b] (the decode kernel's rule, spec
-    §6.5); the causal limit stays the batch's (q position i sees keys < kvlen_b - (qlen_b-1-i)).
+    kv_offset != 0, else (kv_end-1)*P + kv_last_page_lens[b] (the decode kernel's rule,
+    docs/DESIGN.md §5.7); the causal limit stays the batch's (q position i sees keys < kvlen_b - (qlen_b-1-i)).
     A work with partial_qo_loc >= 0 writes partial rows (row with no visible key: 0 / -inf);
     one with -1 writes the final rows (no visible key: 0 / +inf). Then :func:`reduce_ref`.
 

@@ -1,7 +1,10 @@
-"""The one place that knows the work record layout (AITER ``MlaWorkInfo``, 8 int32).
+"""The one place that knows the work record layout (AITER ``MlaWorkInfo``, 8 int32), and the
+other constants the Python side and the kernels share: the scheduler's
+:data:`WHOLE_BATCH_SLACK` and the kernels' dtypes (:data:`KERNEL_DTYPES`).
 
 Python ops, the reference scheduler, the reference attention and the templates (through
-:func:`template_constants`, rendered into every kernel) all read the field order from here.
+:func:`template_constants` and ``jit/render.py``'s ``template_globals``, rendered into every
+kernel) all read them from here. No imports: every layer may use this module.
 """
 from __future__ import annotations
 
@@ -21,6 +24,17 @@ WI = {name: i for i, name in enumerate(WORK_INFO_FIELDS)}
 
 #: ``reduce_final_map[t] = (q_start, q_end)`` (AITER ``MlaPartialTileInfo``).
 REDUCE_FINAL_MAP_INTS = 2
+
+#: Most cost blocks the scheduler adds to a slice to keep uniform batches whole
+#: (``metadata_reference.slice_width``; the metadata kernel gets it as a Jinja global): 8
+#: blocks (8 KV tiles at the decode op's granularity) cost about what the reduce of the split
+#: batches does (~15-20 us at 128 rows on the H200, docs/perf/notes.md).
+WHOLE_BATCH_SLACK = 8
+
+#: The q / kv dtypes the decode kernels take: torch dtype name -> template value (q and kv
+#: equal). ``ops/decode.py``'s ``SUPPORTED_DTYPES`` maps the torch dtypes themselves; the
+#: scheduler checks its dtype arguments against the same two without importing the decode op.
+KERNEL_DTYPES = {"float8_e4m3fn": "fp8", "bfloat16": "bf16"}
 
 
 def template_constants() -> dict[str, int]:

@@ -46,7 +46,7 @@ def _inputs(batch, ctx, varlen, page_size, qlen, seed=0):
 
 def bench_one(batch, ctx, varlen, page_size, heads=128, qlen=1, calls=20, replays=20, check=True):
     """One row: inputs on the current GPU, checked against the reference (unless ``check`` is
-    False: scripts/dev/metadata_ab.py times older kernels that schedule differently), then
+    False: for timing kernels that schedule differently), then
     timed."""
     G = md.default_kv_granularity(page_size)
     qo, kv, lpl = _inputs(batch, ctx, varlen, page_size, qlen)

@@ -1,6 +1,6 @@
 """The cache under concurrency and failure, with the fake compiler of conftest.py.
 
-Each test names the public report it guards against (jit_cache_practices.md §7).
+Each test names the public report it guards against (docs/DESIGN.md §3.8).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cache-key sensitivity (DESIGN §3; jit_cache_practices.md §7 rows 8, 9, 10, 11, 20).
+"""Cache-key sensitivity (docs/DESIGN.md §3.1; failure modes of docs/DESIGN.md §3.8).
 
 Every input that changes the artifact changes the key; inputs that do not (cache location,
 checkout location, neutral env vars, unrelated headers) leave it alone.
@@ -68,7 +68,7 @@ def test_template_byte_changes_key(fake_jit):
 
 
 def test_jinja_comment_change_changes_key(fake_jit):
-    # The rendered source is identical, but the template's bytes are in the key (DESIGN §3).
+    # The rendered source is identical, but the template's bytes are in the key (docs/DESIGN.md §3.1).
     before = k()
     t = fake_jit.templates / "fake.cu.j2"
     t.write_text("{# a comment #}" + t.read_text())
@@ -214,15 +214,14 @@ def test_real_config_keys_differ_per_arch_and_need_no_gpu(jit_clean, tmp_path, m
 
 
 def test_lookup_id_covers_the_template_constants(monkeypatch):
-    """render.py takes WHOLE_BATCH_SLACK from ops/metadata_reference.py and the NVIDIA arch list
+    """render.py takes WHOLE_BATCH_SLACK from aiter_mla/work_info.py and the NVIDIA arch list
     from arch.py; the lookup id hashed neither, so after a change of them a warm lookup (lookup
     id -> index) loaded the library rendered with the old value."""
-    from aiter_mla import arch
-    from aiter_mla.ops import metadata_reference
+    from aiter_mla import arch, work_info
 
     inputs = {"module": "m", "params": {"arch": "sm_90a"}}
     before = keymod.lookup_id(inputs, "tree")
-    monkeypatch.setattr(metadata_reference, "WHOLE_BATCH_SLACK", metadata_reference.WHOLE_BATCH_SLACK + 1)
+    monkeypatch.setattr(work_info, "WHOLE_BATCH_SLACK", work_info.WHOLE_BATCH_SLACK + 1)
     slack = keymod.lookup_id(inputs, "tree")
     monkeypatch.undo()
     monkeypatch.setattr(arch, "NVIDIA_ARCHS", (*arch.NVIDIA_ARCHS, "sm_100a"))
@@ -231,13 +230,14 @@ def test_lookup_id_covers_the_template_constants(monkeypatch):
 
 
 def test_reset_state_forgets_the_ops_kernel_handles():
-    """The reduce and metadata ops keep their loaded module per device, outside the JIT memo:
-    reset_state must drop those too, or a process that switches templates or cache roots keeps
-    running the old kernels (scripts/dev/template_ab.py timed every arm with the first arm's
-    reduce and metadata that way: docs/perf/notes.md change 22)."""
-    from aiter_mla.ops import metadata, reduce
+    """The ops keep their loaded entry points per (variant, device), outside the JIT memo
+    (ops/launch.py's EntryPoints): reset_state must drop those too, or a process that switches
+    templates or cache roots keeps running the old kernels (the A/B script of the time timed
+    every arm with the first arm's reduce and metadata that way: docs/perf/notes.md change 22)."""
+    from aiter_mla.ops import convert, decode, metadata, reduce
 
-    reduce._fns[12345] = ("stale launch", "stale error string")
-    metadata._kernels[12345] = "stale kernel"
+    ops = (reduce, metadata, decode, convert)
+    for op in ops:
+        op._entry_points._loaded[("stale variant", 12345)] = "stale kernel"
     core.reset_state()
-    assert 12345 not in reduce._fns and 12345 not in metadata._kernels
+    assert all(("stale variant", 12345) not in op._entry_points._loaded for op in ops)

@@ -178,7 +178,7 @@ def check_schedule(qo, kv, lpl, *, work_indptr, work_info, reduce_indptr, reduce
             assert reduce_partial_map[reduce_indptr[b]:reduce_indptr[b + 1]] == locs
             partial_rows += [(loc, loc + qlen) for loc in locs]
             entries_seen += n_red
-            # §5.6: every q row of every split piece sees at least one key
+            # docs/DESIGN.md §8.4: every q row of every split piece sees at least one key
             for r in recs:
                 start_tok = (r[WI["kv_start"]] - kv[b]) * page_size
                 assert start_tok <= tokens[b] - qlen, "a causal row would see no key"
@@ -470,7 +470,7 @@ def test_info_shapes_and_order(monkeypatch):
     assert md.get_mla_metadata_info_v1(4, 4, 16, None, None)[1][0] == (265,)
     assert md.get_mla_metadata_info_v1(4, 1, 128, None, None)[1][0] == (67,)
     assert arch.num_clusters(16, 4) == 264
-    # the <= 32-row shapes have two work lists per multiprocessor in any mode (wgmma_dual)
+    # the <= 32-row shapes have two work lists per multiprocessor in any mode (warpgroup_works)
     for experimental in ("0", "1"):
         monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", experimental)
         assert [arch.num_clusters(h, q) for h, q in ((16, 1), (32, 1), (16, 2), (64, 1), (128, 1))] == [
@@ -760,7 +760,7 @@ def test_emulated_kernel_edge_cases(emulator):
     cases = [
         ([], 8, 64, 1, 1),                               # no batch at all
         ([0] * 40, 5, 16, 4, 2),                         # all zero-length
-        ([65], 2, 64, 1, 4),                             # §5.6 tail refusal
+        ([65], 2, 64, 1, 4),                             # tail refusal (docs/DESIGN.md §8.4)
         ([10**6], 264, 64, 1, 1),                        # one batch over every cluster
         ([2**31 - 1], 264, 256, 1, 2),                   # 2**31 - 1 tokens in one batch
         ([2**30, 2**30 - 1], 132, 1, 64, 1),             # page 1 at the int32 page limit

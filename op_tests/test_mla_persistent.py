@@ -328,10 +328,13 @@ def test_index_check_sees_a_new_tensor_at_a_checked_address():
 
 @pytest.mark.parametrize("page_size,dtype", [(64, "fp8"), (1, "bf16"), (64, "bf16")])
 def test_launcher_signature_matches_argtypes(page_size, dtype):
-    """The C signature of aiter_mla_decode in the rendered template and decode._ARGTYPES agree
-    in count and C type, argument by argument: ctypes would pass a mismatch on silently, and
-    only a GPU run would show it (CPU check; the TMA and cp.async launchers both)."""
+    """The C signature of aiter_mla_decode in the rendered template and decode.SIGNATURE (its
+    named declaration) agree in count, C type and name, argument by argument: ctypes would pass
+    a mismatch on silently, and only a GPU run would show it (CPU check; the TMA and cp.async
+    launchers both). The call in decode._launch passes its arguments in that order (each
+    argument line names its field)."""
     import ctypes
+    import inspect
     import re
 
     from aiter_mla.jit.config import load_config, templates_dir
@@ -342,9 +345,14 @@ def test_launcher_signature_matches_argtypes(page_size, dtype):
     text = render(load_config().modules["mla_decode"], params, templates_dir()).text
     sig = re.search(r"AITER_MLA_EXPORT int aiter_mla_decode\((.*?)\)\s*\{", text, re.S).group(1)
     c_types = [re.sub(r"\s*\w+$", "", a.strip()) for a in sig.split(",")]
+    c_names = [re.search(r"(\w+)$", a.strip()).group(1) for a in sig.split(",")]
     as_ctypes = {"const void*": ctypes.c_void_p, "void*": ctypes.c_void_p, "long long": ctypes.c_longlong,
                  "int": ctypes.c_int, "float": ctypes.c_float}
-    assert [as_ctypes[t] for t in c_types] == dec._ARGTYPES, list(zip(c_types, dec._ARGTYPES))
+    declared = list(dec.SIGNATURE.argtypes)
+    assert [as_ctypes[t] for t in c_types] == declared, list(zip(c_types, declared))
+    assert c_names == list(dec.SIGNATURE.names), list(zip(c_names, dec.SIGNATURE.names))
+    call = re.search(r"rc = fn\((.*?)\n    if rc", inspect.getsource(dec._launch), re.S).group(1)
+    assert re.findall(r"#\s*(\w+)\s*$", call, re.M) == c_names
 
 
 def test_public_names():
@@ -525,9 +533,9 @@ def test_mixed_empty(warm, heads, qlen, dtype):
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("dtype", list(DTYPES))   # bf16: wgmma_ws's q_full / q_empty parity over many works
+@pytest.mark.parametrize("dtype", list(DTYPES))   # bf16: key_halves' q_full / q_empty parity over many works
 def test_dual_rings_wrap_with_one_cta(warm, monkeypatch, dtype):
-    """CU_NUM=1: 2 work lists (one CTA; wgmma_dual: one per warpgroup) over long contexts, so
+    """CU_NUM=1: 2 work lists (one CTA; warpgroup_works: one per warpgroup) over long contexts, so
     every KV ring wraps many times (its parity flips) and works change inside a list."""
     monkeypatch.setenv("CU_NUM", "1")
     c = make_case(16, 1, 64, DTYPES[dtype], [3000, 1, 0, 700, 129], seed=17)
@@ -553,10 +561,10 @@ def test_partial_last_page_nan(warm, dtype):
 def test_page_size_equivalence(warm, heads, qlen, dtype):
     """The same tokens laid out with page sizes 1, 16, 64 give the same attention, under each
     page size's own schedule. The schedules split the batches at different tokens, so fp8's e4m3
-    P is rounded against different row maxima: the bound there is the rounding noise (the float64
-    model scripts/dev/pair_rounding_model.py gives 4.0-4.6e-3 for wgmma_ot's per-tile references
-    and 6.4-6.8e-3 for wgmma_seesaw's per-pair ones on these lengths at (128,1), random tokens of
-    seeds 0-3; the H200 gave 6.4e-3 for the pair), not exactness.
+    P is rounded against different row maxima: the bound there is the rounding noise (a float64
+    model of the rounding gave 4.0-4.6e-3 for per-tile references and 6.4-6.8e-3 for
+    tile_pairs' per-pair ones on these lengths at (128,1), random tokens of seeds 0-3; the H200
+    gave 6.4e-3 for the pair; docs/perf/notes.md, issue 6 change 18), not exactness.
     ``test_page_size_same_splits`` holds the layouts to exactness at equal split points."""
     kv_lens = [17, 33, 75, 197]
     g = torch.Generator().manual_seed(21)
@@ -626,7 +634,7 @@ def test_pool_over_2gib(warm):
 
 
 # ------------------------------------------------------------------------------------------
-# splits by hand: the kernel's partial rows against split_reference (incl. spec 5.6)
+# splits by hand: the kernel's partial rows against split_reference (incl. the tail piece of docs/DESIGN.md §8.4)
 
 
 def manual_schedule(c: Case, cuts: dict, num_clusters: int):
@@ -695,7 +703,7 @@ def run_manual_schedule(c: Case, cuts: dict, reduce: bool = True):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("heads,qlen,P", [(16, 4, 64), (32, 4, 64), (128, 1, 16), (16, 8, 16), (16, 1, 64), (16, 2, 16)])
 def test_manual_splits(warm, heads, qlen, P, dtype):
-    """Split pieces incl. a tail piece holding fewer tokens than qlen (spec 5.6: early rows see
+    """Split pieces incl. a tail piece holding fewer tokens than qlen (docs/DESIGN.md §8.4: early rows see
     no key -> partial 0 / LSE -inf) and an empty batch, checked partial by partial."""
     kv_lens = [2 * P + 2, 3 * P, 0, 5 * P + 1]
     c = make_case(heads, qlen, P, DTYPES[dtype], kv_lens, seed=41)

@@ -2,7 +2,7 @@
 
 mla_decode_ref is checked against per-(row, head) loops that walk the page table by hand and
 use torch.softmax / torch.logsumexp; split_reference against mla_decode_ref on hand-made split
-schedules (including the §5.6 piece where a causal row sees no key); reduce_ref against one
+schedules (including the piece of docs/DESIGN.md §8.4 where a causal row sees no key); reduce_ref against one
 softmax over the concatenated pieces. All CPU.
 """
 from __future__ import annotations
@@ -197,7 +197,7 @@ def make_schedule(p, piece_pages):
 
 @pytest.mark.parametrize("page_size, piece_pages", [(1, 7), (4, 2), (16, 1)])
 def test_split_reference_matches_decode_ref(page_size, piece_pages):
-    # batch 1: last piece holds 1 token with qlen 4 -> partial rows that see no key (§5.6)
+    # batch 1: last piece holds 1 token with qlen 4 -> partial rows that see no key (docs/DESIGN.md §8.4)
     qlens, kvlens = [1, 4, 2, 3], [50, 4 * page_size * piece_pages + 1, 0, 19]
     p = make_problem(qlens, kvlens, H=3, page_size=page_size, seed=5)
     sched = make_schedule(p, piece_pages)

@@ -1,6 +1,6 @@
 """Digest of the bench results for issue 4's first decode table: docs/perf/decode_h200.{md,json}.
 
-Reads the ``aiter-mla bench`` outputs in docs/perf (results_<tag>.json, DESIGN §6 format) and
+Reads the ``aiter-mla bench`` outputs in docs/perf (results_<tag>.json, docs/DESIGN.md §6.3 format) and
 keeps fp8 and bf16 rows of (128,1), (64,1) and (16,1) on part of the seed's grid (page 64).
 Usage: ``python3 scripts/decode_summary.py [docs/perf]``.
 """

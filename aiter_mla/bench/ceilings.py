@@ -1,4 +1,4 @@
-"""Device ceilings measured in the same run as the rows they bound (DESIGN.md §6).
+"""Device ceilings measured in the same run as the rows they bound (docs/DESIGN.md §6.2).
 
 - copy bandwidth: a 2 GiB device-to-device copy, bytes read + written per second;
 - bf16 GEMM: ``torch.matmul`` of random 8192 x 8192 bf16 matrices;

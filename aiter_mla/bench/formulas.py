@@ -1,4 +1,4 @@
-"""FLOP and byte counts of one MLA decode call, and the roofline floor (DESIGN.md §6).
+"""FLOP and byte counts of one MLA decode call, and the roofline floor (docs/DESIGN.md §6).
 
 Pure Python, no torch: the bench, the report and the tests share these numbers.
 """
@@ -62,7 +62,7 @@ def bytes_moved(
 
 
 def gemm_rate_tflops(ceilings: dict, q_dtype: str, kv_dtype: str) -> float:
-    """The GEMM ceiling that bounds a row: fp8's when both q and kv are fp8, else bf16's (DESIGN §6)."""
+    """The GEMM ceiling that bounds a row: fp8's when both q and kv are fp8, else bf16's (docs/DESIGN.md §6.2)."""
     key = "fp8_TFLOPS" if (q_dtype == "fp8" and kv_dtype == "fp8") else "bf16_TFLOPS"
     return float(ceilings[key])
 

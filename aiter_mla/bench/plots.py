@@ -3,13 +3,14 @@
 - latency vs ctx, one line per batch, log-log, one panel per (heads, qlen, dtype, page, varlen)
   group; the seed's MI355 numbers dashed in the same colour where the shape matches;
 - fraction of the roofline floor as a batch x ctx heat map, one panel per group.
+
+The caller groups the rows (``report.write_outputs``: ``{group title: rows}``); this module
+imports nothing of the package.
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
-
-from .report import group_title, groups
 
 
 def _pyplot():
@@ -25,13 +26,13 @@ def _measured(rows):
     return [r for r in rows if not r.get("error") and isinstance(r.get("us"), (int, float))]
 
 
-def latency_vs_ctx(rows: list[dict], path: Path, machine: str = "") -> None:
-    """Decode + reduce µs vs requested ctx, one line per batch (log-log)."""
+def latency_vs_ctx(panels: dict[str, list[dict]], path: Path, machine: str = "") -> None:
+    """Decode + reduce µs vs requested ctx, one line per batch (log-log), one panel per entry
+    of ``panels`` ({title: result rows}); written to ``path`` (PNG)."""
     plt = _pyplot()
-    grouped = groups(rows)
-    n = max(1, len(grouped))
+    n = max(1, len(panels))
     fig, axes = plt.subplots(1, n, figsize=(7.5 * n, 5.5), squeeze=False)
-    for ax, (key, grows) in zip(axes[0], grouped.items()):
+    for ax, (title, grows) in zip(axes[0], panels.items()):
         grows = _measured(grows)
         batches = sorted({r["batch"] for r in grows})
         cmap = plt.get_cmap("viridis", max(2, len(batches)))
@@ -48,7 +49,7 @@ def latency_vs_ctx(rows: list[dict], path: Path, machine: str = "") -> None:
         ax.set_yscale("log")
         ax.set_xlabel("ctx (tokens)")
         ax.set_ylabel("decode + reduce (µs)")
-        ax.set_title(group_title(key), fontsize=9)
+        ax.set_title(title, fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         if batches:
             ax.legend(fontsize=7, ncol=2)
@@ -58,13 +59,13 @@ def latency_vs_ctx(rows: list[dict], path: Path, machine: str = "") -> None:
     plt.close(fig)
 
 
-def frac_floor_heatmap(rows: list[dict], path: Path, machine: str = "") -> None:
-    """Fraction of the roofline floor (floor / measured) over batch x ctx, annotated."""
+def frac_floor_heatmap(panels: dict[str, list[dict]], path: Path, machine: str = "") -> None:
+    """Fraction of the roofline floor (floor / measured) over batch x ctx, annotated, one panel
+    per entry of ``panels`` ({title: result rows}); written to ``path`` (PNG)."""
     plt = _pyplot()
-    grouped = groups(rows)
-    n = max(1, len(grouped))
+    n = max(1, len(panels))
     fig, axes = plt.subplots(1, n, figsize=(8 * n, 5.5), squeeze=False)
-    for ax, (key, grows) in zip(axes[0], grouped.items()):
+    for ax, (title, grows) in zip(axes[0], panels.items()):
         grows = _measured(grows)
         batches = sorted({r["batch"] for r in grows})
         ctxs = sorted({r["ctx"] for r in grows})
@@ -83,7 +84,7 @@ def frac_floor_heatmap(rows: list[dict], path: Path, machine: str = "") -> None:
         ax.set_yticks(range(len(batches)), [str(b) for b in batches], fontsize=8)
         ax.set_xlabel("ctx (tokens)")
         ax.set_ylabel("batch")
-        ax.set_title(group_title(key), fontsize=9)
+        ax.set_title(title, fontsize=9)
         fig.colorbar(im, ax=ax, label="fraction of roofline floor")
     fig.suptitle(f"aiter_mla: floor / measured — {machine}", fontsize=10)
     fig.tight_layout()

@@ -1,4 +1,4 @@
-"""The bench's outputs: ``results.json`` (DESIGN.md §6), ``results.md``, the stdout table.
+"""The bench's outputs: ``results.json`` (docs/DESIGN.md §6.3), ``results.md``, the stdout table.
 
 Pure Python; works on synthetic rows (tests) as on measured ones. File names take an optional
 tag (``results_<tag>.json``) so several sweeps can share one folder (``docs/perf/``).
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import reference_numbers
 
-#: Keys DESIGN.md §6 fixes; extra keys are allowed beside them.
+#: Keys docs/DESIGN.md §6.3 fixes; extra keys are allowed beside them.
 TOP_KEYS = ("commit", "machine", "versions", "ceilings", "rows")
 CEILING_KEYS = ("copy_TBps", "bf16_TFLOPS", "fp8_TFLOPS")
 ROW_KEYS = ("heads", "qlen", "batch", "ctx", "page_size", "dtype", "varlen", "us", "tflops",
@@ -21,7 +21,8 @@ ROW_KEYS = ("heads", "qlen", "batch", "ctx", "page_size", "dtype", "varlen", "us
 
 def build_results(commit: str, machine: str, versions: dict, ceilings: dict, rows: list[dict],
                   **extra) -> dict:
-    """The results document: DESIGN §6's keys first, then ``extra`` (config, notes, jit, ...)."""
+    """The results document: the keys of docs/DESIGN.md §6.3 first, then ``extra`` (config,
+    notes, jit, ...)."""
     doc = {"commit": commit, "machine": machine, "versions": versions,
            "ceilings": {k: ceilings[k] for k in CEILING_KEYS}, "rows": rows}
     doc.update(extra)
@@ -29,7 +30,7 @@ def build_results(commit: str, machine: str, versions: dict, ceilings: dict, row
 
 
 def validate_results(doc: dict) -> None:
-    """Raise ValueError naming the first missing or mistyped DESIGN §6 field.
+    """Raise ValueError naming the first missing or mistyped docs/DESIGN.md §6.3 field.
 
     A row that failed (``"error"`` set) may have ``us`` etc. as None; every other row needs
     numbers.
@@ -243,7 +244,8 @@ def render_markdown(doc: dict, tag: str = "") -> str:
             "Columns marked (ref) were measured elsewhere, not in this run: "
             f"{reference_numbers.SEED_MI355_LABEL} = the seed's MI355 HK kernel (AITER #3072); "
             f"{reference_numbers.FLASHMLA_H200_LABEL} = FlashMLA c2067be on an H200 "
-            "(sm90_kernel_notes.md §1). ours/peer < 1 means ours is faster.", ""]
+            "(measured in an earlier session; aiter_mla/bench/reference_numbers.py). "
+            "ours/peer < 1 means ours is faster.", ""]
     return "\n".join(out)
 
 
@@ -281,7 +283,8 @@ def write_outputs(doc: dict, out_dir: Path, tag: str = "") -> dict[str, Path]:
     names = file_names(tag)
     paths = {k: out_dir / n for k, n in names.items()}
     paths["json"].write_text(json.dumps(_finite(doc), indent=1, allow_nan=False) + "\n")
-    plots.latency_vs_ctx(doc["rows"], paths["latency_png"], doc.get("machine", ""))
-    plots.frac_floor_heatmap(doc["rows"], paths["frac_png"], doc.get("machine", ""))
+    panels = {group_title(key): rows for key, rows in groups(doc["rows"]).items()}
+    plots.latency_vs_ctx(panels, paths["latency_png"], doc.get("machine", ""))
+    plots.frac_floor_heatmap(panels, paths["frac_png"], doc.get("machine", ""))
     paths["md"].write_text(render_markdown(doc, tag))
     return paths

@@ -124,7 +124,7 @@ def _variants(args, cfg) -> list[tuple[str, dict]]:
     if not m.default_variants:
         m.check_params(given)  # raises, listing what is missing
     # Each default variant with the given values substituted; a substitution that lands on an
-    # excluded combination (e.g. mainloop=wgmma_ot into a bf16 default) is skipped with a note,
+    # excluded combination (e.g. mainloop=tile_pairs into a bf16 default) is skipped with a note,
     # and only when every one is refused does the first refusal become the error.
     out, seen, refused = [], set(), []
     for d in m.default_variants:

@@ -1,6 +1,6 @@
 """The cache key: sha256 of a canonical manifest (sorted JSON), saved beside the artifact.
 
-The manifest holds only inputs that change the artifact (DESIGN §3):
+The manifest holds only inputs that change the artifact (docs/DESIGN.md §3.1):
 
 - key schema version, package version and a hash of the code that shapes a build
   (render.py, key.py, toolchain.py and work_info.py, whose constants every template gets);
@@ -113,7 +113,7 @@ def base_inputs(*, module: str, params: dict, template: str, compiler: Compiler,
 def lookup_id(inputs: dict, templates_tree: str) -> str:
     """Id of the index record that maps these inputs to a key (see module doc). Besides the
     templates folder it hashes what else reaches the rendered source: the Jinja globals
-    (``render.template_globals``: WHOLE_BATCH_SLACK comes from ops/metadata_reference.py) and
+    (``render.template_globals``: the work-record indices and WHOLE_BATCH_SLACK of work_info.py) and
     the arch list that decides ``arch_family``; without them a warm hit loaded a library
     rendered with an old value. (The key itself hashes the rendered source.)"""
     from ..arch import NVIDIA_ARCHS

@@ -15,7 +15,7 @@ What is measured (each cold or new-process phase in a fresh subprocess):
   float64), host time per eager call, device time per call from CUDA-graph replay, the
   effective bandwidth, and the same for torch's own ``(x.float() * s).to(bf16)``.
 
-Budgets (DESIGN §4): in-process lookup <= 5 us; new-process warm load <= 5 ms.
+Budgets (docs/DESIGN.md §4): in-process lookup <= 5 us; new-process warm load <= 5 ms.
 """
 from __future__ import annotations
 
@@ -206,7 +206,7 @@ def render_markdown(runs: dict) -> str:
         "# JIT costs",
         "",
         "Written by `python3 -m aiter_mla.jit.measure --out docs/perf` (numbers: `jit.json`).",
-        "Budgets (DESIGN §4): in-process lookup <= 5 us; a warm hit in a new process <= 5 ms",
+        "Budgets (docs/DESIGN.md §4): in-process lookup <= 5 us; a warm hit in a new process <= 5 ms",
         "after `import aiter_mla`. Module kind: host `.so` from nvcc (static cudart, sm_90a",
         "SASS only), loaded with ctypes; the cold build includes render, key, the compiler",
         "fingerprint (`nvcc --version`, once per cache root), nvcc, verify, publish and load.",

@@ -3,8 +3,8 @@ but the variant does not define is an error, never an empty string).
 
 What a template sees: its module's parameters (``arch``, ``block_m``, ...), ``module`` (the
 module name), ``arch_family`` (``"nvidia"`` or ``"amd"``), the work-record indices
-``WI_*`` / ``WORK_INFO_INTS`` from :mod:`aiter_mla.work_info` and ``WHOLE_BATCH_SLACK`` from
-:mod:`aiter_mla.ops.metadata_reference` (:func:`template_globals`).
+``WI_*`` / ``WORK_INFO_INTS`` and the scheduler's ``WHOLE_BATCH_SLACK``, all from
+:mod:`aiter_mla.work_info` (:func:`template_globals`).
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import work_info
-from ..ops import metadata_reference
 from ..arch import NVIDIA_ARCHS
 from .config import ModuleConfig
 
@@ -44,11 +43,11 @@ _environments: dict[str, Any] = {}
 
 def template_globals() -> dict[str, int]:
     """Constants every template sees (Jinja globals): the work record's ``WI_*`` field indices
-    and ``WORK_INFO_INTS`` (:mod:`aiter_mla.work_info`), and the scheduler's
-    ``WHOLE_BATCH_SLACK`` (:mod:`aiter_mla.ops.metadata_reference`), so the kernels and the
-    Python reference share one definition. Raises nothing."""
+    and ``WORK_INFO_INTS``, and the scheduler's ``WHOLE_BATCH_SLACK``, all from
+    :mod:`aiter_mla.work_info`, so the kernels and the Python reference share one definition.
+    Raises nothing."""
     consts = work_info.template_constants()
-    consts["WHOLE_BATCH_SLACK"] = metadata_reference.WHOLE_BATCH_SLACK
+    consts["WHOLE_BATCH_SLACK"] = work_info.WHOLE_BATCH_SLACK
     return consts
 
 

@@ -10,28 +10,24 @@ from typing import Optional
 
 import torch
 
-from .. import arch as _arch
-from ..jit import get_module
+from . import launch
+from .launch import raw_stream
 
 __all__ = ["convert_fp8_to_bf16"]
 
-_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
-             ctypes.c_void_p]
-_targets: dict[int, str] = {}  # device index -> arch (one capability query per device)
-
-try:  # about 0.3 us instead of several for torch.cuda.current_stream(device).cuda_stream
-    _raw_stream = torch._C._cuda_getCurrentRawStream
-except AttributeError:  # pragma: no cover - a torch without the private binding
-    def _raw_stream(index):
-        return torch.cuda.current_stream(index).cuda_stream
+#: ``aiter_mla_convert_fp8`` of templates/convert_fp8.cu.j2.
+SIGNATURE = launch.Signature("aiter_mla_convert_fp8", (
+    ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("scale", ctypes.c_void_p),
+    ("n", ctypes.c_int64), ("device", ctypes.c_int), ("stream", ctypes.c_void_p)))
 
 
-def _target(index: int) -> str:
-    t = _targets.get(index)
-    if t is None:
-        with torch.cuda.device(index):
-            t = _targets[index] = _arch.current_arch()
-    return t
+def _convert_module(_key, device_index: int):
+    from ..jit import get_module
+
+    return get_module("convert_fp8", arch=launch.device_arch(device_index), out_dtype="bf16")
+
+
+_entry_points = launch.EntryPoints(SIGNATURE, _convert_module)   # one variant per device
 
 
 def _fail(exc, name: str, expected: str, actual) -> None:
@@ -86,9 +82,8 @@ def convert_fp8_to_bf16(x: torch.Tensor, scale: torch.Tensor,
         if not out.is_contiguous():
             _fail(ValueError, "out", "contiguous", f"strides {out.stride()}")
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    mod = get_module("convert_fp8", arch=_target(index), out_dtype="bf16")
-    fn = mod.function("aiter_mla_convert_fp8", _ARGTYPES, ctypes.c_int)
-    rc = fn(x.data_ptr(), out.data_ptr(), scale.data_ptr(), x.numel(), index, _raw_stream(index))
+    module, fn = _entry_points.get(None, index)
+    rc = fn(x.data_ptr(), out.data_ptr(), scale.data_ptr(), x.numel(), index, raw_stream(index))
     if rc != 0:
-        mod.check(rc, "convert_fp8_to_bf16 launch")
+        launch.check(rc, module, "convert_fp8_to_bf16 launch")
     return out

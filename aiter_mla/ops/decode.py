@@ -1,11 +1,11 @@
 """MLA decode ops: ``hk_mla_decode_fwd`` (the persistent split-KV kernel) and ``mla_decode_fwd``
 (AITER's public entry: plan if needed, decode, reduce).
 
-Both follow AITER PR #3072 (``aiter/mla.py``, ``csrc/kernels/mla/hk_decode_fwd.cu``; spec
-sections 3 and 6) with its defects fixed (spec 3.5): ragged q lengths never read or write past
-their batch, ``final_lse`` is written for unsplit works too, every row of every work is written
-(fully masked rows: 0 / LSE +inf, split pieces 0 / -inf), and ``q_scale`` / ``kv_scale`` are
-honoured (real value = stored x scale).
+Both follow AITER PR #3072 (``aiter/mla.py``, ``csrc/kernels/mla/hk_decode_fwd.cu``;
+docs/DESIGN.md §5) with its defects fixed (docs/DESIGN.md §8): ragged q lengths never read or
+write past their batch, ``final_lse`` is written for unsplit works too, every row of every work
+is written (fully masked rows: 0 / LSE +inf, split pieces 0 / -inf), and ``q_scale`` /
+``kv_scale`` are honoured (real value = stored x scale).
 
 Supported (``SUPPORTED_SHAPES``, ``SUPPORTED_DTYPES``): heads x qlen of 128 on a 128-row tile
 (two 64-row CTAs per work on sm_90a), 64 on a 64-row tile, and (16,1), (32,1), (16,2) on the
@@ -42,8 +42,9 @@ import torch
 
 from .. import arch
 from ..arch import QK_HEAD_DIM, V_HEAD_DIM
-from ..work_info import WORK_INFO_INTS
-from . import metadata
+from ..work_info import KERNEL_DTYPES, WORK_INFO_INTS
+from . import launch, metadata
+from .launch import raw_stream
 from .reduce import mla_reduce_v1
 
 __all__ = [
@@ -63,7 +64,7 @@ SUPPORTED_SHAPES = {
 }
 
 #: torch dtype -> template name. q and kv must be the same (fp8/fp8 or bf16/bf16).
-SUPPORTED_DTYPES = {torch.float8_e4m3fn: "fp8", torch.bfloat16: "bf16"}
+SUPPORTED_DTYPES = {getattr(torch, name): value for name, value in KERNEL_DTYPES.items()}
 
 #: Rows (num_heads x max_seqlen_q) up to which a work fits one consumer warpgroup, the wgmma N
 #: of the ``warpgroup_works`` loop.
@@ -72,9 +73,9 @@ FEW_ROWS = arch.FEW_ROWS
 #: The sm_90a main loops (the ``mainloop`` template parameter), one per (dtype, row count):
 #: "tile_pairs" (fp8, more than FEW_ROWS rows: the warpgroups score alternate KV tiles of a pair,
 #: templates/common/mla_decode_sm90_tile_pairs.cuh), "warpgroup_works" (fp8, at most FEW_ROWS
-#: rows: each consumer warpgroup runs its own work list, mla_decode_sm90_rows_n.cuh) and
+#: rows: each consumer warpgroup runs its own work list, mla_decode_sm90_warpgroup_works.cuh) and
 #: "key_halves" (bf16: the warpgroups score the two key halves of each tile,
-#: mla_decode_sm90_wgmma.cuh). docs/DESIGN.md §6 describes them.
+#: mla_decode_sm90_wgmma.cuh). docs/DESIGN.md §9.5-§9.7 describe them.
 MAINLOOPS = ("tile_pairs", "warpgroup_works", "key_halves")
 
 
@@ -87,18 +88,28 @@ def mainloop_for(dtype: str, rows: int) -> str:
 
 _DEFAULT_SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
 
-# q, kv, kv_rows, then 10 more pointers, ..., the stream, q_rows and the byte sizes of
-# work_info_set and kv_indices (see aiter_mla_decode in templates/mla_decode.cu.j2).
-_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong] + [ctypes.c_void_p] * 10 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong,
-                                      ctypes.c_longlong]
+_ptr, _i64, _int = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
 
-try:  # a fraction of a microsecond, against several for torch.cuda.current_stream(i).cuda_stream
-    _raw_stream = torch._C._cuda_getCurrentRawStream
-except AttributeError:  # pragma: no cover
-    def _raw_stream(index):
-        return torch.cuda.current_stream(index).cuda_stream
+#: ``aiter_mla_decode`` of templates/mla_decode.cu.j2, parameter by parameter (the row counts
+#: its tensor maps need, ``kv_rows`` and ``q_rows``, and the byte sizes of work_info_set and
+#: kv_indices for its L2 prefetch). ``_launch`` passes its arguments in this order.
+SIGNATURE = launch.Signature("aiter_mla_decode", (
+    ("q", _ptr), ("kv", _ptr), ("kv_rows", _i64), ("kv_indices", _ptr),
+    ("kv_last_page_lens", _ptr), ("work_indptr", _ptr), ("work_info", _ptr), ("out", _ptr),
+    ("final_lse", _ptr), ("split_out", _ptr), ("split_lse", _ptr), ("q_scale", _ptr),
+    ("kv_scale", _ptr), ("sm_scale", ctypes.c_float), ("num_heads", _int),
+    ("num_clusters", _int), ("grid_x", _int), ("device", _int), ("stream", _ptr),
+    ("q_rows", _i64), ("work_info_bytes", _i64), ("kv_indices_bytes", _i64)))
 
+
+def _decode_module(variant: tuple, _device_index: int):
+    from ..jit import get_module
+
+    return get_module("mla_decode", **dict(variant))
+
+
+#: Loaded aiter_mla_decode per (variant = tuple(decode_variant(...).items()), device).
+_entry_points = launch.EntryPoints(SIGNATURE, _decode_module)
 _launched: set[tuple[str, int]] = set()      # (module key, device) launched at least once
 _validated: dict[tuple, tuple] = {}           # index-tensor sets whose values were checked -> their weakrefs
 _lock = threading.Lock()
@@ -317,38 +328,59 @@ def _check_plan(work_info_set, work_indptr, num_heads: int, max_seqlen_q: int, p
 
 def _launch(query, kv_buffer, kv_indices, kv_last_page_lens, work_indptr, work_info_set,
             split_output, split_lse, final_output, final_lse, q_scale, kv_scale,
-            max_seqlen_q: int, softmax_scale: float) -> None:
-    from ..jit import get_module
-
+            max_seqlen_q: int, softmax_scale: float, params: Optional[dict] = None,
+            clusters: Optional[int] = None, capturing: Optional[bool] = None) -> None:
+    """One call of aiter_mla_decode. ``params`` / ``clusters``: the variant and work-list count
+    the caller computed this call (work_indptr's length checked against ``clusters``); None
+    (hk_mla_decode_fwd under capture, the torch.compile op) computes them here and checks that
+    length, the one check the kernel's reads depend on."""
     device = query.device
     num_heads = int(query.shape[1])
-    params = decode_variant(num_heads, max_seqlen_q, int(kv_buffer.shape[1]), query.dtype, kv_buffer.dtype)
-    capturing = _capturing(device)
-    mod = get_module("mla_decode", **params)
-    if capturing and (mod.key, device.index) not in _launched:
+    if params is None:
+        params = decode_variant(num_heads, max_seqlen_q, int(kv_buffer.shape[1]), query.dtype,
+                                kv_buffer.dtype)
+    if clusters is None:
+        clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device)
+        _check_indptr_len(work_indptr, clusters)
+    if capturing is None:
+        capturing = _capturing(device)
+    index = device.index
+    module, fn = _entry_points.get(tuple(params.items()), index)
+    if capturing and (module.key, index) not in _launched:
         raise RuntimeError(
             f"mla decode variant {params} is used for the first time on {device} while a CUDA "
             "graph is being captured; run the op once outside the capture (warm-up) first")
-    fn = mod.function("aiter_mla_decode", _ARGTYPES, ctypes.c_int)
-    clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device)
-    _check_indptr_len(work_indptr, clusters)
-    stream = _raw_stream(device.index)
 
     def ptr(t):
         return None if t is None else t.data_ptr()
 
-    kv_rows = int(kv_buffer.shape[0]) * int(kv_buffer.shape[1])
-    rc = fn(ptr(query), ptr(kv_buffer), kv_rows, ptr(kv_indices), ptr(kv_last_page_lens), ptr(work_indptr),
-            ptr(work_info_set), ptr(final_output), ptr(final_lse), ptr(split_output), ptr(split_lse),
-            ptr(q_scale), ptr(kv_scale), float(softmax_scale), num_heads, clusters,
-            launch_grid_x(params, clusters), device.index, stream, int(query.shape[0]) * num_heads,
-            work_info_set.numel() * work_info_set.element_size(), kv_indices.numel() * kv_indices.element_size())
+    kv_shape = kv_buffer.shape
+    rc = fn(ptr(query),                                            # q
+            ptr(kv_buffer),                                        # kv
+            int(kv_shape[0]) * int(kv_shape[1]),                   # kv_rows
+            ptr(kv_indices),                                       # kv_indices
+            ptr(kv_last_page_lens),                                # kv_last_page_lens
+            ptr(work_indptr),                                      # work_indptr
+            ptr(work_info_set),                                    # work_info
+            ptr(final_output),                                     # out
+            ptr(final_lse),                                        # final_lse
+            ptr(split_output),                                     # split_out
+            ptr(split_lse),                                        # split_lse
+            ptr(q_scale),                                          # q_scale
+            ptr(kv_scale),                                         # kv_scale
+            float(softmax_scale),                                  # sm_scale
+            num_heads,                                             # num_heads
+            clusters,                                              # num_clusters
+            launch_grid_x(params, clusters),                       # grid_x
+            index,                                                 # device
+            raw_stream(index),                                     # stream
+            int(query.shape[0]) * num_heads,                       # q_rows
+            work_info_set.numel() * work_info_set.element_size(),  # work_info_bytes
+            kv_indices.numel() * kv_indices.element_size())        # kv_indices_bytes
     if rc != 0:
-        err = mod.function("aiter_mla_error_string", [ctypes.c_int], ctypes.c_char_p)(rc)
-        raise RuntimeError(f"mla decode launch failed ({params}): CUDA error {rc}: "
-                           f"{err.decode() if err else '?'}")
+        launch.check(rc, module, "mla decode launch")
     if not capturing:
-        _launched.add((mod.key, device.index))
+        _launched.add((module.key, index))
 
 
 @torch.library.custom_op(
@@ -376,7 +408,10 @@ def _(query, kv_buffer, kv_page_indices, kv_last_page_lens, work_indptr, work_in
 
 def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
               work_indptr, work_info_set, max_seqlen_q, split_output, split_lse, final_output,
-              q_scale, kv_scale, final_lse) -> None:
+              q_scale, kv_scale, final_lse, params: Optional[dict] = None,
+              clusters: Optional[int] = None) -> tuple[dict, int]:
+    """The eager checks of one call; returns (variant params, work-list count). ``params`` /
+    ``clusters``: what ``mla_decode_fwd`` already computed for this call (then not again)."""
     if not isinstance(query, torch.Tensor):
         raise TypeError(f"query must be a torch.Tensor, got {type(query).__name__}")
     device = query.device
@@ -397,7 +432,9 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
         raise ValueError(f"kv_buffer must start at a 16-byte aligned address (its rows are read in "
                          f"16-byte units), got data_ptr() % 16 = {kv_buffer.data_ptr() % 16}")
     page_size = int(kv_buffer.shape[1])
-    decode_variant(num_heads, _require_int("max_seqlen_q", max_seqlen_q), page_size, query.dtype, kv_buffer.dtype)
+    max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
+    if params is None:
+        params = decode_variant(num_heads, max_seqlen_q, page_size, query.dtype, kv_buffer.dtype)
     _check_tensor(final_output, "final_output", torch.bfloat16, device, dim=3)
     if tuple(final_output.shape) != (total_q, num_heads, V_HEAD_DIM):
         raise ValueError(f"final_output must be [{total_q}, {num_heads}, {V_HEAD_DIM}] (query rows, "
@@ -432,11 +469,13 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
             raise ValueError(f"final_lse must be [{total_q}, {num_heads}], got {tuple(final_lse.shape)}")
     _check_scale(q_scale, "q_scale", device)
     _check_scale(kv_scale, "kv_scale", device)
-    clusters = arch.num_clusters(num_heads, int(max_seqlen_q), device=device)
-    _check_plan(work_info_set, work_indptr, num_heads, int(max_seqlen_q), page_size, batch, clusters)
+    if clusters is None:
+        clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device)
+    _check_plan(work_info_set, work_indptr, num_heads, max_seqlen_q, page_size, batch, clusters)
     _check_indptr_len(work_indptr, clusters)
     _check_index_values(qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, total_q,
-                        int(kv_buffer.shape[0]), page_size, int(max_seqlen_q), work_indptr, clusters)
+                        int(kv_buffer.shape[0]), page_size, max_seqlen_q, work_indptr, clusters)
+    return params, clusters
 
 
 def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
@@ -473,25 +512,40 @@ def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, k
     (all RuntimeError subclasses: ToolchainError, BuildError, CacheNotWritableError,
     LockTimeoutError, JitDisabledError, ModuleLoadError).
 
-    Source: AITER #3072 ``hk_mla_decode_fwd`` (``csrc/kernels/mla/hk_decode_fwd.cu``), spec
-    sections 6.1-6.6, plus the fixes of spec 3.5 / 5.6 and honoured scales.
+    Source: AITER #3072 ``hk_mla_decode_fwd`` (``csrc/kernels/mla/hk_decode_fwd.cu``),
+    docs/DESIGN.md §5.7-§5.9 and §5.11, plus the fixes of
+    docs/DESIGN.md §8.1, §8.2, §8.4 and §8.6 (honoured scales).
     """
+    _decode(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
+            work_indptr, work_info_set, max_seqlen_q, softmax_scale, split_output, split_lse,
+            final_output, q_scale, kv_scale, final_lse)
+    return None
+
+
+def _decode(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
+            work_indptr, work_info_set, max_seqlen_q, softmax_scale, split_output, split_lse,
+            final_output, q_scale, kv_scale, final_lse, params=None, clusters=None) -> None:
+    """hk_mla_decode_fwd's work; ``params`` / ``clusters`` as ``mla_decode_fwd`` computed them
+    (None: computed here, once)."""
     if not torch.compiler.is_compiling():
         _require_cuda("query", query)
-        if not _capturing(query.device):
-            _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
-                      work_indptr, work_info_set, max_seqlen_q, split_output, split_lse,
-                      final_output, q_scale, kv_scale, final_lse)
+        capturing = _capturing(query.device)
+        if not capturing:
+            params, clusters = _validate(
+                query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
+                work_indptr, work_info_set, max_seqlen_q, split_output, split_lse, final_output,
+                q_scale, kv_scale, final_lse, params, clusters)
+        elif clusters is not None:   # capture: of the skipped checks, the one the kernel's reads need
+            _check_indptr_len(work_indptr, clusters)
         # Eager: straight to the launch (the custom-op dispatcher costs host time).
         _launch(query, kv_buffer, kv_page_indices, kv_last_page_lens, work_indptr, work_info_set,
                 split_output, split_lse, final_output, final_lse, q_scale, kv_scale,
-                int(max_seqlen_q), float(softmax_scale))
-        return None
+                int(max_seqlen_q), float(softmax_scale), params, clusters, capturing)
+        return
     torch.ops.aiter_mla.hk_mla_decode_fwd(query, kv_buffer, kv_page_indices, kv_last_page_lens,
                                           work_indptr, work_info_set, int(max_seqlen_q),
                                           float(softmax_scale), split_output, split_lse,
                                           final_output, q_scale, kv_scale, final_lse)
-    return None
 
 
 def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
@@ -532,8 +586,9 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     RuntimeError subclasses: ToolchainError, BuildError, CacheNotWritableError,
     LockTimeoutError, JitDisabledError, ModuleLoadError).
 
-    Source: AITER #3072 ``aiter/mla.py`` ``mla_decode_fwd`` (spec section 3.3 steps C-E; no head
-    folding: every supported shape runs natively, which avoids the (64,2) fold mismatch of 3.5).
+    Source: AITER #3072 ``aiter/mla.py`` ``mla_decode_fwd`` (docs/DESIGN.md §5.1, steps C-E; no
+    head folding: every supported shape runs natively, which avoids the (64,2) fold mismatch,
+    docs/DESIGN.md §8.5).
     """
     for name, t in (("q", q), ("kv_buffer", kv_buffer)):   # a non-tensor is a TypeError, as in the other ops
         if not isinstance(t, torch.Tensor):
@@ -555,25 +610,32 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     if page_size != int(kv_buffer.shape[1]):
         raise ValueError(f"page_size={page_size} does not match kv_buffer.shape[1]={kv_buffer.shape[1]}")
     total_q, num_heads = int(q.shape[0]), int(q.shape[1])
-    decode_variant(num_heads, max_seqlen_q, page_size, q.dtype, kv_buffer.dtype)
+    # Once per call: the variant (the plan's checks, the decode's checks and its launch use it)
+    # and the work-list count (computed by the plan when there is one, else by the checks or,
+    # when they are skipped, the launch).
+    params = decode_variant(num_heads, max_seqlen_q, page_size, q.dtype, kv_buffer.dtype)
+    device = q.device
+    clusters = None
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(int(kv_buffer.shape[3]))
-    device = q.device
 
     if work_meta_data is None:
+        # get_mla_metadata_info_v1 + get_mla_metadata_v1 with this call's work-list count (the
+        # info's other checks hold by decode_variant: supported heads x qlen and dtypes).
+        clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device)
         batch = qo_indptr.numel() - 1
-        info = metadata.get_mla_metadata_info_v1(
-            batch, max_seqlen_q, num_heads, q.dtype, kv_buffer.dtype, is_sparse=False,
-            fast_mode=True,   # num_kv_splits: documented unused, so not forwarded (no size depends on it)
-            intra_batch_mode=False)
+        if batch < 0:   # (a batch of 0 is refused by the checks below, as before planning did)
+            raise ValueError(f"qo_indptr must have batch + 1 >= 2 entries, got {qo_indptr.numel()}")
+        info = metadata._buffer_specs(batch, clusters)
         (work_meta_data, work_indptr, work_info_set, reduce_indptr, reduce_final_map,
          reduce_partial_map) = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in info]
-        metadata.get_mla_metadata_v1(
-            qo_indptr, kv_indptr, kv_last_page_lens, num_heads, 1, True, work_meta_data,
+        metadata._fill_schedule(
+            qo_indptr, kv_indptr, kv_last_page_lens, num_heads, 1, work_meta_data,
             work_info_set, work_indptr, reduce_indptr, reduce_final_map, reduce_partial_map,
             page_size=page_size, kv_granularity=metadata.default_kv_granularity(page_size),
-            max_seqlen_qo=max_seqlen_q, uni_seqlen_qo=max_seqlen_q, fast_mode=True,
-            dtype_q=q.dtype, dtype_kv=kv_buffer.dtype)
+            max_seqlen_qo=max_seqlen_q, uni_seqlen_qo=max_seqlen_q, fast_mode=True, topk=-1,
+            max_split_per_batch=-1, intra_batch_mode=False, dtype_q=q.dtype,
+            dtype_kv=kv_buffer.dtype, num_clusters=clusters)
     else:
         for name, t in (("work_indptr", work_indptr), ("work_info_set", work_info_set),
                         ("reduce_indptr", reduce_indptr), ("reduce_final_map", reduce_final_map),
@@ -586,9 +648,9 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     attn_lse = torch.empty((n_partial, 1, num_heads, 1), dtype=torch.float32, device=device)
     final_lse = torch.empty((total_q, num_heads), dtype=torch.float32, device=device) if return_lse else None
 
-    hk_mla_decode_fwd(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr,
-                      work_info_set, max_seqlen_q, sm_scale, logits, attn_lse, o,
-                      q_scale=q_scale, kv_scale=kv_scale, final_lse=final_lse)
+    _decode(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr,
+            work_info_set, max_seqlen_q, sm_scale, logits, attn_lse, o, q_scale, kv_scale,
+            final_lse, params, clusters)
     mla_reduce_v1(logits, attn_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
                   max_seqlen_q, o, final_lse)
     return logits, final_lse

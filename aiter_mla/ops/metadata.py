@@ -50,13 +50,14 @@ template's header comment).
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from .. import arch as _arch
-from ..jit import core as _jit_core
+from . import launch
 from .metadata_reference import (
     INT32_MAX,
     check_int,
@@ -66,7 +67,7 @@ from .metadata_reference import (
     reference_schedule,
     to_buffers,
 )
-from ..work_info import WORK_INFO_INTS
+from ..work_info import KERNEL_DTYPES, WORK_INFO_INTS
 
 __all__ = [
     "default_kv_granularity",
@@ -118,17 +119,25 @@ def _unsupported_modes(*, is_sparse: bool, fast_mode: bool, intra_batch_mode: bo
                                   "use fast_mode=True")
 
 
-def _check_dtype_args(**dtypes) -> None:
-    """Each given dtype is None or one the decode kernels take (``decode.SUPPORTED_DTYPES``)."""
+@functools.lru_cache(maxsize=None)
+def _kernel_dtypes() -> frozenset:
     import torch
 
-    from .decode import SUPPORTED_DTYPES
+    return frozenset(getattr(torch, name) for name in KERNEL_DTYPES)
+
+
+def _check_dtype_args(**dtypes) -> None:
+    """Each given dtype is None or one the decode kernels take (``work_info.KERNEL_DTYPES``,
+    the dtypes of ``decode.SUPPORTED_DTYPES``)."""
+    import torch
 
     for name, dtype in dtypes.items():
-        if dtype is not None and not isinstance(dtype, torch.dtype):
+        if dtype is None:
+            continue
+        if not isinstance(dtype, torch.dtype):
             raise TypeError(f"{name} must be a torch.dtype (e.g. torch.float8_e4m3fn or "
                             f"torch.bfloat16) or None, got {type(dtype).__name__} {dtype!r}")
-        if dtype is not None and dtype not in SUPPORTED_DTYPES:
+        if dtype not in _kernel_dtypes():
             raise ValueError(f"{name} must be torch.float8_e4m3fn or torch.bfloat16 (the dtypes "
                              f"the decode kernels take) or None, got {dtype}")
 
@@ -160,8 +169,6 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     would not fit int32, or non-positive lengths;
     RuntimeError when no GPU is visible and ``CU_NUM`` is unset.
     """
-    import torch
-
     _unsupported_modes(is_sparse=is_sparse, fast_mode=fast_mode,
                        intra_batch_mode=intra_batch_mode)
     check_int("batch_size", batch_size)
@@ -173,7 +180,15 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
     check_scalars(num_heads=num_head_qo, num_clusters=1, page_size=1, kv_granularity=1,
                   max_seqlen_qo=max_seqlen_qo, max_split_per_batch=-1, heads_name="num_head_qo")
-    nc = _arch.num_clusters(num_head_qo, max_seqlen_qo)
+    return _buffer_specs(batch_size, _arch.num_clusters(num_head_qo, max_seqlen_qo))
+
+
+def _buffer_specs(batch_size: int, nc: int) -> list:
+    """The six (shape, dtype) pairs for ``batch_size`` (an int >= 0) batches over ``nc`` work
+    lists; ValueError when the work indices would not fit int32. The decode op plans through
+    this with the work-list count it computed once per call."""
+    import torch
+
     if max_works(batch_size, nc) > INT32_MAX:
         # work and reduce-entry indices are int32 in every buffer and kernel
         raise ValueError(f"batch_size must be <= {INT32_MAX - nc + 1} (int32 work indices with "
@@ -193,9 +208,9 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
 
 @dataclass(frozen=True)
 class PlanRecord:
-    """The shape a schedule was planned for (recorded by :func:`get_mla_metadata_v1` and by
-    :func:`~aiter_mla.ops.metadata_reference.to_buffers`). ``num_heads`` = q heads per KV head;
-    dtypes are None when not given."""
+    """The shape a schedule was planned for (recorded by :func:`get_mla_metadata_v1`, on the
+    device and on the CPU). ``num_heads`` = q heads per KV head; dtypes are bf16 when not given
+    (AITER's default)."""
     num_heads: int
     num_heads_k: int
     max_seqlen_qo: int
@@ -257,7 +272,8 @@ def _check_int32_vector(t, name: str, device) -> None:
 
 
 def _check_buffer(t, name: str, dtype, min_rows: int, cols: int | None, device,
-                  sizing: str = "batch_size >= the batch count") -> None:
+                  sizing=lambda: "batch_size >= the batch count") -> None:
+    """``sizing()``: the allocation hint of the too-few-rows message."""
     import torch
 
     if not isinstance(t, torch.Tensor):
@@ -276,54 +292,31 @@ def _check_buffer(t, name: str, dtype, min_rows: int, cols: int | None, device,
     if t.shape[0] < min_rows:
         raise ValueError(
             f"{name} has {t.shape[0]} rows; this input needs >= {min_rows} "
-            f"(allocate it from get_mla_metadata_info_v1 with {sizing})")
+            f"(allocate it from get_mla_metadata_info_v1 with {sizing()})")
 
 
-class _Kernel:
-    """The loaded ``mla_metadata`` variant of one device: its entry points (ctypes)."""
+_vp, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
-    def __init__(self, arch: str):
-        from ..jit import get_module
-
-        mod = get_module("mla_metadata", arch=arch)
-        vp, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        self.launch = mod.function(
-            "aiter_mla_get_metadata_v1",
-            [vp, vp, vp,                    # qo_indptr, kv_indptr, kv_last_page_lens
-             vp, vp, vp, vp, vp, vp,        # metadata ptrs, work_indptr, work_info_set, reduce x3
-             i64, i64, i64, i64, i64,       # capacities
-             i32, i32, i32, i32, i32, i32, i32,  # B, C, N, page_size, G, OVH, tail threshold
-             i32, vp],                      # device, stream
-            ctypes.c_int)
-        self.error_string = mod.function("aiter_mla_error_string", [i32], ctypes.c_char_p)
+#: ``aiter_mla_get_metadata_v1`` of templates/mla_metadata.cu.j2 (capacities, then B, C, N,
+#: page size, G, OVH, tail threshold, device, stream).
+SIGNATURE = launch.Signature("aiter_mla_get_metadata_v1", (
+    ("qo_indptr", _vp), ("kv_indptr", _vp), ("kv_last_page_lens", _vp),
+    ("work_metadata_ptrs", _vp), ("work_indptr", _vp), ("work_info_set", _vp),
+    ("reduce_indptr", _vp), ("reduce_final_map", _vp), ("reduce_partial_map", _vp),
+    ("cap_work_indptr", _i64), ("cap_works", _i64), ("cap_reduce_indptr", _i64),
+    ("cap_final_map", _i64), ("cap_partial_map", _i64),
+    ("num_batches", _i32), ("num_clusters", _i32), ("num_splits", _i32), ("page_size", _i32),
+    ("kv_granularity", _i32), ("overhead", _i32), ("tail_threshold", _i32),
+    ("device", _i32), ("stream", _vp)))
 
 
-try:  # a fraction of a microsecond, against several for torch.cuda.current_stream(i)
-    from torch._C import _cuda_getCurrentRawStream as _raw_stream
-except ImportError:  # pragma: no cover (CPU-only torch builds)
-    def _raw_stream(index):
-        import torch
+def _metadata_module(_key, device_index: int):
+    from ..jit import get_module
 
-        return torch.cuda.current_stream(index).cuda_stream
+    return get_module("mla_metadata", arch=launch.device_arch(device_index))
 
 
-_kernels: dict[int, _Kernel] = {}
-_jit_core.on_reset(_kernels.clear)
-_kernels_lock = threading.Lock()
-
-
-def _kernel(device_index: int) -> _Kernel:
-    k = _kernels.get(device_index)
-    if k is None:
-        import torch
-
-        with _kernels_lock:
-            k = _kernels.get(device_index)
-            if k is None:
-                with torch.cuda.device(device_index):
-                    arch = _arch.current_arch()
-                k = _kernels[device_index] = _Kernel(arch)
-    return k
+_entry_points = launch.EntryPoints(SIGNATURE, _metadata_module)   # one variant per device
 
 
 def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
@@ -370,6 +363,21 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     variant's first use in a process (all RuntimeError subclasses: ToolchainError, BuildError,
     CacheNotWritableError, LockTimeoutError, JitDisabledError, ModuleLoadError).
     """
+    _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
+                   num_heads_per_head_k, num_heads_k, work_metadata_ptrs, work_info_set,
+                   work_indptr, reduce_indptr, reduce_final_map, reduce_partial_map, page_size,
+                   kv_granularity, max_seqlen_qo, uni_seqlen_qo, fast_mode, topk,
+                   max_split_per_batch, intra_batch_mode, dtype_q, dtype_kv)
+
+
+def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_heads_per_head_k,
+                   num_heads_k, work_metadata_ptrs, work_info_set, work_indptr, reduce_indptr,
+                   reduce_final_map, reduce_partial_map, page_size, kv_granularity,
+                   max_seqlen_qo, uni_seqlen_qo, fast_mode, topk, max_split_per_batch,
+                   intra_batch_mode, dtype_q, dtype_kv, num_clusters=None) -> None:
+    """:func:`get_mla_metadata_v1`'s work (its argument order less ``is_causal``);
+    ``num_clusters``: the work-list count when the caller has it (the decode op computes it
+    once per call), else ``arch.num_clusters`` of the heads, q length and device."""
     import torch
 
     _unsupported_modes(is_sparse=bool(topk is not None and topk >= 0), fast_mode=fast_mode,
@@ -415,19 +423,22 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
                          f"{kv_last_page_lens.numel()}")
 
     num_heads = num_heads_per_head_k * num_heads_k
-    nc = _arch.num_clusters(num_heads, max_seqlen_qo, num_heads_k,
-                            device=device if device.type == "cuda" else None)
+    nc = num_clusters if num_clusters is not None else _arch.num_clusters(
+        num_heads, max_seqlen_qo, num_heads_k, device=device if device.type == "cuda" else None)
     check_scalars(num_heads=num_heads_per_head_k, num_clusters=nc, page_size=page_size,
                   kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
                   max_split_per_batch=max_split_per_batch, heads_name="num_heads_per_head_k")
     nsplit = num_splits_for(nc, max_split_per_batch, nb)
 
-    # The sizes follow the batch count and the work-list count, which the heads, the q length
-    # and the device (or CU_NUM) decide: the hint names what this call used.
-    sizing = (f"batch_size >= {nb}, num_head_qo = {num_heads}, max_seqlen_qo = {max_seqlen_qo}; "
-              f"this call has {nc} work lists from the heads, q length and device / CU_NUM")
+    def sizing() -> str:
+        # The sizes follow the batch count and the work-list count, which the heads, the q
+        # length and the device (or CU_NUM) decide: the hint names what this call used (built
+        # only for an error message).
+        return (f"batch_size >= {nb}, num_head_qo = {num_heads}, max_seqlen_qo = {max_seqlen_qo}; "
+                f"this call has {nc} work lists from the heads, q length and device / CU_NUM")
+
     _check_buffer(work_metadata_ptrs, "work_metadata_ptrs", torch.uint64, 2, None, device,
-                  "any arguments: it always has 2 entries")
+                  lambda: "any arguments: it always has 2 entries")
     _check_buffer(work_indptr, "work_indptr", torch.int32, nc + 1, None, device, sizing)
     _check_buffer(work_info_set, "work_info_set", torch.int32, max_works(nb, nsplit),
                   WORK_INFO_INTS, device, sizing)
@@ -463,18 +474,20 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
 def _launch(device, qo_indptr, kv_indptr, kv_last_page_lens, work_metadata_ptrs, work_info_set,
             work_indptr, reduce_indptr, reduce_final_map, reduce_partial_map, *, nb, nc, nsplit,
             page_size, kv_granularity, max_seqlen_qo) -> None:
-    import torch
+    if device.index is not None:
+        index = device.index
+    else:
+        import torch
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    k = _kernel(index)
-    stream = _raw_stream(index)
-    rc = k.launch(
+        index = torch.cuda.current_device()
+    module, fn = _entry_points.get(None, index)
+    rc = fn(   # SIGNATURE's order
         qo_indptr.data_ptr(), kv_indptr.data_ptr(), kv_last_page_lens.data_ptr(),
         work_metadata_ptrs.data_ptr(), work_indptr.data_ptr(), work_info_set.data_ptr(),
         reduce_indptr.data_ptr(), reduce_final_map.data_ptr(), reduce_partial_map.data_ptr(),
         work_indptr.numel(), work_info_set.shape[0], reduce_indptr.numel(),
         reduce_final_map.shape[0], reduce_partial_map.numel(),
         nb, nc, nsplit, page_size, kv_granularity, overhead_blocks(page_size), max_seqlen_qo,
-        index, stream)
+        index, launch.raw_stream(index))
     if rc != 0:
-        raise RuntimeError(f"mla_metadata kernel launch failed: {k.error_string(rc).decode()}")
+        launch.check(rc, module, "mla_metadata kernel launch")

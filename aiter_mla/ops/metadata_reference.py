@@ -3,11 +3,11 @@ mode ``v1_2``, same buffers and cost model), runnable on the CPU.
 
 The schedule is *position based*: every batch's cost is laid end to end on one line and the
 line is cut into ``num_splits`` equal slices of ``delta`` cost blocks. AITER's v1_2 instead
-walks the clusters greedily with a budget of ``delta + OVH`` each (spec §5.2); both give each
-cluster about ``delta`` blocks, but a cluster's pieces here depend only on where they sit on
-the line, so the device kernel can place every piece independently (prefix sums, no serial
-walk over clusters). The cut positions therefore differ from AITER's; the balance bound is
-AITER's payload form (``delta + OVH`` per cluster, plus one merged tail: ``metadata.py``).
+walks the clusters greedily with a budget of ``delta + OVH`` each (docs/DESIGN.md §5.6); both
+give each cluster about ``delta`` blocks, but a cluster's pieces here depend only on where they
+sit on the line, so the device kernel can place every piece independently (prefix sums, no
+serial walk over clusters). The cut positions therefore differ from AITER's; the balance bound
+is AITER's payload form (``delta + OVH`` per cluster, plus one merged tail: ``metadata.py``).
 
 * Batch b costs ``c_b = blocks_b + OVH`` (``blocks_b = ceil(kv_pages_b / kv_granularity)``)
   and occupies ``[P_b, P_b + c_b)`` with ``P_b = sum_{i<b} c_i``: its OVH overhead units,
@@ -39,7 +39,7 @@ Conventions (``docs/ARCHITECTURE.md``; units as AITER):
 * One qo tile per batch (``num_heads * max_seqlen_qo <= 128``); ragged q lengths are read from
   ``qo_indptr``: a split piece takes ``qlen_b`` partial rows (rows in (batch, piece) order),
   ``reduce_final_map[b] = (qo_start_b, qo_end_b)``.
-* Tail rule (spec §5.6 fix): a cut is never made when it would leave fewer than
+* Tail rule (ours, docs/DESIGN.md §8.4): a cut is never made when it would leave fewer than
   ``max_seqlen_qo`` KV tokens after it; the piece before it runs on (to the batch end, as
   every later cut of that batch leaves even fewer tokens). AITER applies this rule only at
   page_size 1; applying it to every page size means every q row of every split piece sees at
@@ -55,13 +55,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..work_info import WI, WORK_INFO_INTS
+from ..work_info import WHOLE_BATCH_SLACK, WI, WORK_INFO_INTS
 
 INT32_MAX = 2**31 - 1
-#: Most cost blocks :func:`slice_width` adds to a slice to keep uniform batches whole: 8 blocks
-#: (8 KV tiles at the decode op's granularity) cost about what the reduce of the split
-#: batches does (~15-20 us at 128 rows on the H200, docs/perf/notes.md).
-WHOLE_BATCH_SLACK = 8
 #: Query rows one qo tile holds (AITER ``kPackedQoLenPerWg``); larger shapes need qo splits.
 MAX_TILE_ROWS = 128
 
@@ -88,6 +84,8 @@ def _is_pow2(x: int) -> bool:
 def check_int(name: str, value) -> None:
     """TypeError unless ``value`` is a plain integer (Python or NumPy int; not a bool, a float
     or a tensor): a float batch size would otherwise turn into float buffer shapes."""
+    if type(value) is int:   # the common case, without the ABC check below (per-call path)
+        return
     import numbers
 
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -345,7 +343,9 @@ def reference_schedule(qo_indptr, kv_indptr, kv_last_page_lens, *, num_heads: in
 
 def to_buffers(schedule: Schedule, buffers) -> tuple:
     """Write ``schedule`` into the six buffers of ``get_mla_metadata_info_v1`` (any device),
-    exactly as the device kernel does, and register its plan record (``lookup_plan``).
+    exactly as the device kernel does. (No plan record: that is the op's,
+    ``get_mla_metadata_v1``, which calls this on the CPU; this module imports nothing of the
+    op it checks.)
 
     ``buffers`` = (work_metadata_ptrs, work_indptr, work_info_set, reduce_indptr,
     reduce_final_map, reduce_partial_map), AITER's info order. Written: all of
@@ -385,12 +385,5 @@ def to_buffers(schedule: Schedule, buffers) -> tuple:
     put(reduce_partial_map.view(-1), s.reduce_partial_map, len(s.reduce_partial_map))
     ptrs = torch.tensor([work_indptr.data_ptr(), work_info_set.data_ptr()], dtype=torch.int64)
     work_metadata_ptrs.view(torch.int64).copy_(ptrs)
-
-    from .metadata import _record_plan
-    _record_plan(work_info_set, work_indptr, num_heads=s.num_heads, num_heads_k=1,
-                 max_seqlen_qo=s.max_seqlen_qo, page_size=s.page_size,
-                 kv_granularity=s.kv_granularity, batch_size=s.batch_size,
-                 num_clusters=s.num_clusters, num_splits=s.num_splits,
-                 dtype_q=None, dtype_kv=None)
     return buffers
 

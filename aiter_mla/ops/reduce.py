@@ -8,45 +8,36 @@ The same launch is registered as the torch custom op ``aiter_mla::mla_reduce_v1`
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import Optional
 
 import torch
 
-from .. import arch as _arch
 from ..arch import V_HEAD_DIM
-from ..jit import core as _jit_core, get_module
+from . import launch
+from .launch import raw_stream
 
 __all__ = ["mla_reduce_v1"]
 
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
-_ARGTYPES = [_P] * 7 + [_I64] * 7 + [_I32] * 4 + [ctypes.c_int, _P]
 
-_fns: dict[int, tuple] = {}  # device index -> (launch fn, error-string fn)
-_jit_core.on_reset(_fns.clear)
-_fns_lock = threading.Lock()
+#: ``aiter_mla_reduce_v1`` of templates/mla_reduce.cu.j2.
+SIGNATURE = launch.Signature("aiter_mla_reduce_v1", (
+    ("partial_output", _P), ("partial_lse", _P), ("reduce_indptr", _P),
+    ("reduce_final_map", _P), ("reduce_partial_map", _P), ("final_output", _P),
+    ("final_lse", _P), ("out_stride_s", _I64), ("out_stride_h", _I64), ("out_stride_d", _I64),
+    ("lse_stride_s", _I64), ("lse_stride_h", _I64), ("num_partial_rows", _I64),
+    ("partial_map_len", _I64), ("total_q", _I32), ("num_heads", _I32), ("num_tiles", _I32),
+    ("max_seqlen_q", _I32), ("device", ctypes.c_int), ("stream", _P)))
+
+
+def _reduce_module(_key, device_index: int):
+    from ..jit import get_module
+
+    return get_module("mla_reduce", arch=launch.device_arch(device_index), out_dtype="bf16")
+
+
+_entry_points = launch.EntryPoints(SIGNATURE, _reduce_module)   # one variant per device
 _INT32_MAX = 2**31 - 1
-
-try:  # about 0.3 us instead of several for torch.cuda.current_stream(device).cuda_stream
-    _raw_stream = torch._C._cuda_getCurrentRawStream
-except AttributeError:  # pragma: no cover - older/newer torch without the private binding
-    def _raw_stream(index):
-        return torch.cuda.current_stream(index).cuda_stream
-
-
-def _kernel(index: int):
-    fns = _fns.get(index)
-    if fns is None:
-        with _fns_lock:
-            fns = _fns.get(index)
-            if fns is None:
-                with torch.cuda.device(index):
-                    target = _arch.current_arch()
-                mod = get_module("mla_reduce", arch=target, out_dtype="bf16")
-                fns = (mod.function("aiter_mla_reduce_v1", _ARGTYPES, ctypes.c_int),
-                       mod.function("aiter_mla_error_string", [ctypes.c_int], ctypes.c_char_p))
-                _fns[index] = fns
-    return fns
 
 
 def _fail(name: str, expected: str, actual) -> None:
@@ -119,21 +110,21 @@ def _launch(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce
         _check(partial_output, partial_lse, reduce_indptr, reduce_final_map,
                reduce_partial_map, max_seqlen_q, final_output, final_lse)
     index = partial_output.device.index
-    launch, err_str = _kernel(index)
-    H = partial_output.shape[-2]
+    module, fn = _entry_points.get(None, index)
+    po_shape = partial_output.shape
     so, sh, sd = final_output.stride()
     ls, lh = final_lse.stride() if final_lse is not None else (0, 0)
-    rc = launch(
+    rc = fn(   # SIGNATURE's order
         partial_output.data_ptr(), partial_lse.data_ptr(), reduce_indptr.data_ptr(),
         reduce_final_map.data_ptr() if reduce_final_map is not None else None,
         reduce_partial_map.data_ptr(), final_output.data_ptr(),
         final_lse.data_ptr() if final_lse is not None else None,
         so, sh, sd, ls, lh,
-        partial_output.shape[0], reduce_partial_map.numel(),
-        final_output.shape[0], H, reduce_indptr.numel() - 1, max_seqlen_q,
-        index, _raw_stream(index))
+        po_shape[0], reduce_partial_map.numel(),
+        final_output.shape[0], po_shape[-2], reduce_indptr.numel() - 1, max_seqlen_q,
+        index, raw_stream(index))
     if rc != 0:
-        raise RuntimeError(f"mla_reduce_v1: launch failed: {err_str(rc).decode()} (error {rc})")
+        launch.check(rc, module, "mla_reduce_v1: launch")
 
 
 @torch.library.custom_op("aiter_mla::mla_reduce_v1", mutates_args=("final_output", "final_lse"))
@@ -190,7 +181,7 @@ def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map,
         rows come out NaN instead.
 
     Source: AITER ``aiter.mla_reduce_v1`` / ``csrc/kernels/mla/reduce.cu`` (PR #3072), without
-    its LDS split cap (spec §3.5(4)); launched on the current stream, graph-capturable.
+    its LDS split cap (docs/DESIGN.md §8.3); launched on the current stream, graph-capturable.
     """
     if torch.compiler.is_compiling():
         torch.ops.aiter_mla.mla_reduce_v1(partial_output, partial_lse, reduce_indptr,

@@ -9,11 +9,11 @@
 // keeps a partial row sum l (over its own keys), summed once in the epilogue.
 //
 // Why this shape: 64 x 512 fp32 of O is 128 registers per thread over 8 warps; 128 rows would
-// be the SM's whole register file (docs/DESIGN.md §6), so a 128-row tile runs as two 64-row
+// be the SM's whole register file (docs/DESIGN.md §9.1), so a 128-row tile runs as two 64-row
 // CTAs that read the same KV (grid.y = 2), as FlashMLA does.
 //
 // Every device function here takes the tile config `C` so the main loops in mla_decode.cu.j2
-// read as the maths of docs/DESIGN.md §4 without touching loads, masking or the epilogue.
+// read as the maths of docs/DESIGN.md §5.9 without touching loads, masking or the epilogue.
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>

@@ -118,6 +118,7 @@ __device__ __forceinline__ void qk_tile(float (&s)[C::kSTiles][4], const uint8_t
   static_assert(C::kFp8, "the tile_pairs loop is fp8 only");
   static_assert(QkPlan::kBounds[0] == 0 && QkPlan::kBounds[QkPlan::kChunks] == C::kKSteps, "the chunks cover QK's k-steps");
   wg::mbar_wait(bar_full + su.stage * 8, su.parity);
+  AITER_MLA_STAMP(kKvWait);
   const uint32_t q_addr = smem_addr(smem + C::kOffQ);
   const uint32_t k_addr = smem_addr(smem + C::kOffKv + su.stage * C::kStageBytes);
   float acc[C::kSTiles][4];
@@ -181,6 +182,7 @@ __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C
   float s[C::kSTiles][4];
   float mx[2];
   qk_tile<C>(s, smem, bar_full, half == 0 ? su_a : su_b);
+  AITER_MLA_STAMP(kQk);
   const float sc = masked_quad_max<C>(s, st, tok + (lane & 3) * 2, tok + C::BN, scale_log2, mx);
   float ref[2], sum[2] = {0.f, 0.f};
 #pragma unroll
@@ -218,10 +220,12 @@ __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C
   }
   wg::fence_proxy_async();   // P_a, P_b -> the PV wgmmas' B operand
   wg::consumer_sync();       // P_a, P_b and O's factors written
+  AITER_MLA_STAMP(kSoftmax);
   pv_pair<C>(o, fa, fb, smem, bar_full, bar_empty, su_a, su_b, half, group, lane, valid_a, valid_b);
   pv_wait<C>(o, fa);
 #pragma unroll
   for (int mb = 0; mb < C::kMBlocks; ++mb) wg::fence_operands(fb[mb]);
+  AITER_MLA_STAMP(kPv);
 }
 
 // The pair tile seen by `single`: the same shared-memory layout, S at N = BN / 2 per warpgroup
@@ -244,11 +248,13 @@ __device__ __forceinline__ void single(float (&o)[C::kOTiles][4], uint32_t (&a)[
   using V = KeyHalfTile<C>;
   float s[V::kSTiles][4];
   wg::mbar_wait(bar_full + su.stage * 8, su.parity);
+  AITER_MLA_STAMP(kKvWait);
   {
     wg::QkAcc<V> qk_acc;
     wg::qk_begin<V>(qk_acc, smem, su.stage, half);
     wg::qk_finish<V>(s, qk_acc, smem, su.stage, half);
   }
+  AITER_MLA_STAMP(kQk);
   wg::fence_operands(o);
   transposed_pv::load_vt_frags<V>(a, smem, su.stage, half, group, lane, valid);
   wg::mbar_arrive(bar_empty + su.stage * 8);
@@ -256,9 +262,11 @@ __device__ __forceinline__ void single(float (&o)[C::kOTiles][4], uint32_t (&a)[
   transposed_pv::softmax_p<V>(s, st, smem, 1, tok, scale_log2, group, half, lane);
   wg::fence_proxy_async();   // P -> the PV wgmma's B operand
   wg::consumer_sync();       // P and the factors of all rows written
+  AITER_MLA_STAMP(kSoftmax);
   transposed_pv::rescale_ot<V>(o, smem, 1, lane);
   transposed_pv::pv_issue<V>(o, a, smem, 1);
   pv_wait<V>(o, a);
+  AITER_MLA_STAMP(kPv);
 }
 
 }  // namespace tile_pairs

@@ -24,6 +24,7 @@
 // and, read the other way, as MN-major V.
 #pragma once
 #include "mla_decode_sm90.cuh"
+#include "mla_decode_stamps.cuh"
 
 namespace mla {
 namespace wg {
@@ -391,8 +392,10 @@ __device__ __forceinline__ void produce_kv_tile_tma(uint32_t stage_addr, uint32_
       row[i] = static_cast<int>(kv_pool_row<C>(kv_indices, v));
     }
   }
+  AITER_MLA_STAMP(kProduceIssue);
   wg::mbar_wait(bar_empty, empty_parity);
   if (wait_q) q_issued_wait();   // after the page-index loads, whose latency it hides
+  AITER_MLA_STAMP(kProduceWait);
   if (lane == 0) mbar_arrive_expect_tx(bar_full, boxes * C::kTmaBoxBytes);
   __syncwarp();
 #pragma unroll
@@ -403,6 +406,7 @@ __device__ __forceinline__ void produce_kv_tile_tma(uint32_t stage_addr, uint32_
       tma_load_box(stage_addr + blk * (C::BN * 64) + pg * C::kTmaBoxBytes, map, blk * 64, row[i], bar_full);
     }
   }
+  AITER_MLA_STAMP(kProduceIssue);
 }
 
 // ---- maths -----------------------------------------------------------------------------------

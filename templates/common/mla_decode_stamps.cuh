@@ -1,0 +1,75 @@
+// Per-phase clock stamps of the decode loops, compiled in only with -DAITER_MLA_PHASE_STAMPS
+// (passed through AITER_MLA_EXTRA_NVCC_FLAGS, which enters the cache key, so stamped and plain
+// builds are separate entries). Without the flag every macro below is empty and the kernel is
+// the plain one.
+//
+// One thread per role records: thread 0 (consumer warpgroup 0), thread 128 (warpgroup 1) and
+// thread 256 (lane 0 of the producer warp 8). AITER_MLA_STAMP(phase) adds the SM clocks since
+// that thread's previous stamp to `phase` (the phase that just ended), in shared memory;
+// AITER_MLA_STAMP_TILES(n) counts the KV tiles the role worked on; AITER_MLA_STAMP_END() adds
+// the CTA's sums into aiter_mla_decode_stamps' array [slot][role][phase], slot = the CTA's
+// linear index (CTAs past kSlots are not recorded), with the tile count as the last field.
+// scripts/phase_budget.py reads them (aiter_mla_decode_stamps) and prints a per-tile budget.
+#pragma once
+
+#ifdef AITER_MLA_PHASE_STAMPS
+namespace mla {
+namespace stamps {
+
+constexpr int kSlots = 1024;
+constexpr int kRoles = 3;   // consumer warpgroup 0, consumer warpgroup 1, the producer warp
+enum Phase : int {
+  kPdlWait,       // kernel entry to the end of the PDL wait
+  kWork,          // a work's set-up (record, Q) and epilogue (output, LSE)
+  kKvWait,        // waiting for a KV stage to land (consumers)
+  kQk,            // S = Q K^T, promoted
+  kSoftmax,       // masking, row max (exchange included), P written
+  kPv,            // V^T fragments, O rescale, P V and its wait
+  kProduceWait,   // the producer waiting for a free stage (or for the consumers' first Q)
+  kProduceIssue,  // the producer's page lookups and copy issue
+  kPhases
+};
+constexpr const char* kNames = "pdl_wait,work,kv_wait,qk,softmax,pv,produce_wait,produce_issue";
+
+__device__ unsigned long long g_sums[kSlots][kRoles][kPhases + 1];
+__shared__ unsigned long long s_sums[kRoles][kPhases + 1];
+__shared__ unsigned long long s_last[kRoles];
+
+__device__ __forceinline__ bool recorder() { return (threadIdx.x & 127) == 0 && threadIdx.x <= 256; }
+__device__ __forceinline__ int role() { return threadIdx.x >> 7; }
+
+__device__ __forceinline__ void begin() {
+  if (recorder()) {
+    for (int k = 0; k <= kPhases; ++k) s_sums[role()][k] = 0;
+    s_last[role()] = clock64();
+  }
+}
+__device__ __forceinline__ void mark(Phase phase) {
+  if (recorder()) {
+    const unsigned long long now = clock64();
+    s_sums[role()][phase] += now - s_last[role()];
+    s_last[role()] = now;
+  }
+}
+__device__ __forceinline__ void tiles(int n) {
+  if (recorder()) s_sums[role()][kPhases] += n;
+}
+__device__ __forceinline__ void end() {
+  const int slot = blockIdx.y * gridDim.x + blockIdx.x;
+  if (recorder() && slot < kSlots) {
+    for (int k = 0; k <= kPhases; ++k) g_sums[slot][role()][k] += s_sums[role()][k];
+  }
+}
+
+}  // namespace stamps
+}  // namespace mla
+#define AITER_MLA_STAMP_BEGIN() mla::stamps::begin()
+#define AITER_MLA_STAMP(phase) mla::stamps::mark(mla::stamps::phase)
+#define AITER_MLA_STAMP_TILES(n) mla::stamps::tiles(n)
+#define AITER_MLA_STAMP_END() mla::stamps::end()
+#else
+#define AITER_MLA_STAMP_BEGIN() ((void)0)
+#define AITER_MLA_STAMP(phase) ((void)0)
+#define AITER_MLA_STAMP_TILES(n) ((void)0)
+#define AITER_MLA_STAMP_END() ((void)0)
+#endif
