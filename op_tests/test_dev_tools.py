@@ -454,3 +454,25 @@ def test_stamp_build_exports_the_layout_and_plain_build_has_none(private_cache, 
     plain_lib = ctypes.CDLL(str(plain.lib_path))
     for fn in (pb.LAYOUT_FN, pb.NAMES_FN, pb.STAMPS_FN):
         assert hasattr(lib, fn) and not hasattr(plain_lib, fn), fn
+
+
+def test_an_arm_renders_with_its_own_config(tmp_path, monkeypatch):
+    """An arm whose templates folder has a jit_config.json beside it (a worktree or git:REF arm)
+    is checked against that config, so a tree from before a parameter rename refuses the
+    variant instead of rendering its template's fallback branch (a git:HEAD arm from before the
+    loop rename rendered the old mma.sync loop for mainloop=tile_pairs: 3.7x slower, on the
+    H200); a bare templates folder and the repository's own use the repository's config."""
+    ab = _load("template_ab")
+    tree = tmp_path / "tree"
+    (tree / "templates").mkdir(parents=True)
+    (tree / "jit_config.json").write_text("{}")
+    bare = tmp_path / "bare_templates"
+    bare.mkdir()
+    monkeypatch.setenv("AITER_MLA_CONFIG", "/somewhere/else.json")
+    ab.use_templates(tree / "templates")
+    assert os.environ["AITER_MLA_TEMPLATES_DIR"] == str(tree / "templates")
+    assert os.environ["AITER_MLA_CONFIG"] == str(tree / "jit_config.json")
+    ab.use_templates(bare)
+    assert os.environ["AITER_MLA_TEMPLATES_DIR"] == str(bare) and "AITER_MLA_CONFIG" not in os.environ
+    ab.use_templates(None)
+    assert "AITER_MLA_TEMPLATES_DIR" not in os.environ and "AITER_MLA_CONFIG" not in os.environ

@@ -6,8 +6,8 @@
 #   Tests: the whole op_tests suite, once (the decode main loops are tile_pairs for fp8 above
 #   32 rows, warpgroup_works for fp8 at <= 32 rows, key_halves for bf16), with a spin limit on
 #   the pipeline barriers so a pipeline bug traps instead of hanging.
-#   Tools (60 s each): scripts/template_ab.py, the repository's templates against git:HEAD
-#   (against the same templates where the copy has no git checkout) on one case, 2 rounds;
+#   Tools (60 s each): scripts/template_ab.py, the repository's templates against a copy of
+#   them in another folder, on one case, 2 rounds;
 #   scripts/phase_budget.py on one case (the -DAITER_MLA_PHASE_STAMPS build).
 #   FIGURES=1    also re-measure the metadata and JIT figures (unchanged kernels: skip to save
 #                device time).
@@ -26,12 +26,13 @@ AITER_MLA_EXTRA_NVCC_FLAGS=$DBG timeout 330 python3 -m pytest -q -rs -p no:cache
 rc_tests=$?
 echo "== pytest rc=$rc_tests"; tail -4 "$logs/pytest.log"
 # the measuring tools: reported, but only the tests' rc decides the exit status
-if git rev-parse -q --verify HEAD >/dev/null 2>&1; then arm2=head=git:HEAD; else arm2=same=templates
-  echo "== ab: no git checkout in this copy; the second arm is the same templates"; fi
-timeout 60 python3 scripts/template_ab.py --arm base= --arm "$arm2" --case "fp8 128,1 b64 c3200" \
-  --rounds 2 -o "$logs/ab" >"$logs/template_ab.log" 2>&1
+# the second arm is a copy of the templates in another folder: the device's copy of .git holds
+# the session's first commit, not this one, so a git:HEAD arm would time an older tree
+cp -r templates "$logs/templates_copy"
+timeout 60 python3 scripts/template_ab.py --arm base= --arm "copy=$logs/templates_copy" \
+  --case "fp8 128,1 b64 c3200" --rounds 2 --commit "$COMMIT" -o "$logs/ab" >"$logs/template_ab.log" 2>&1
 echo "== ab rc=$?"; grep -E "^\| fp8 " "$logs/template_ab.log" | head -3
-timeout 60 python3 scripts/phase_budget.py --case "fp8 128,1 b64 c3200" -o "$logs/phase_budget" \
+timeout 60 python3 scripts/phase_budget.py --case "fp8 128,1 b64 c3200" --commit "$COMMIT" -o "$logs/phase_budget" \
   >"$logs/phase_budget.log" 2>&1
 echo "== phase_budget rc=$?"; tail -3 "$logs/phase_budget.log"
 if [ "${FIGURES:-0}" = 1 ]; then

@@ -368,8 +368,8 @@ def main(argv=None) -> int:
         return 2
     from aiter_mla.bench import environment
 
-    saved = os.environ.get("AITER_MLA_TEMPLATES_DIR")
-    doc = {"tool": "scripts/phase_budget.py", "commit": environment.commit(exclude=args.output),
+    saved = {v: os.environ.get(v) for v in ("AITER_MLA_TEMPLATES_DIR", "AITER_MLA_CONFIG")}   # use_templates sets both
+    doc = {"tool": "scripts/phase_budget.py", "commit": args.commit or environment.commit(exclude=args.output),
            "device": environment.machine(), "nvcc_flags": os.environ[FLAGS_VAR],
            "templates": args.templates or "", "cases": []}
     try:
@@ -390,10 +390,11 @@ def main(argv=None) -> int:
         print(f"phase_budget.py: error: {exc}", file=sys.stderr)
         return 2
     finally:
-        if saved is None:
-            os.environ.pop("AITER_MLA_TEMPLATES_DIR", None)
-        else:
-            os.environ["AITER_MLA_TEMPLATES_DIR"] = saved
+        for v, value in saved.items():
+            if value is None:
+                os.environ.pop(v, None)
+            else:
+                os.environ[v] = value
     text = render_markdown(doc)
     print(text)
     if args.output is not None:

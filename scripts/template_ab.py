@@ -248,6 +248,9 @@ def add_case_arguments(p: argparse.ArgumentParser) -> None:
                    help="'DTYPE HEADS,QLEN bBATCH cCTX [pPAGE] [varlen]', e.g. 'fp8 128,1 b64 c3200' "
                         "(repeatable)")
     p.add_argument("--seed", type=int, default=0, help="input seed, as aiter-mla bench --seed (default 0)")
+    p.add_argument("--commit", default=None,
+                   help="commit to record as measured (default: git rev-parse HEAD of this checkout, "
+                        "+ -dirty), as aiter-mla bench --commit")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -342,13 +345,20 @@ def arm_folders(arms: list[Arm], repo: Path = REPO):
 
 def use_templates(folder: Path | None) -> None:
     """Later ``get_module`` calls of this process render from ``folder`` (None: the
-    repository's templates); ``reset_state`` drops the memo and the ops' module handles."""
+    repository's templates) with the ``jit_config.json`` beside it when it has one (a worktree's
+    or ``git:REF`` arm's own parameter space: a tree from before a parameter rename then refuses
+    the variant instead of rendering whatever its template's fallback branch holds); the
+    repository's otherwise. ``reset_state`` drops the memo and the ops' module handles."""
     from aiter_mla.jit import core
 
+    os.environ.pop("AITER_MLA_CONFIG", None)
     if folder is None:
         os.environ.pop("AITER_MLA_TEMPLATES_DIR", None)
     else:
         os.environ["AITER_MLA_TEMPLATES_DIR"] = str(folder)
+        config = Path(folder).parent / "jit_config.json"
+        if config.is_file():
+            os.environ["AITER_MLA_CONFIG"] = str(config)
     core.reset_state()
 
 
@@ -568,7 +578,7 @@ def run_ab(args, arms: list[Arm], folders: dict, params: list[dict], keys: dict 
 
     names = [a.name for a in arms]
     order = round_orders(len(arms), args.rounds)
-    doc = {"tool": "scripts/template_ab.py", "commit": environment.commit(exclude=args.output),
+    doc = {"tool": "scripts/template_ab.py", "commit": args.commit or environment.commit(exclude=args.output),
            "device": environment.machine(), "rounds": args.rounds, "order": order,
            "arms": [{"name": a.name, "spec": a.spec, "kind": a.kind,
                      "templates": str(folders[a.name] or TEMPLATES_DIR),
@@ -661,7 +671,7 @@ def main(argv=None) -> int:
     if reason:
         print(f"template_ab.py: no CUDA GPU visible ({reason})", file=sys.stderr)
         return 2
-    saved = os.environ.get("AITER_MLA_TEMPLATES_DIR")
+    saved = {v: os.environ.get(v) for v in ("AITER_MLA_TEMPLATES_DIR", "AITER_MLA_CONFIG")}   # use_templates sets both
     try:
         with arm_folders(args.arm) as folders:
             failed, keys = build_all(args.arm, folders, params, args.jobs)
@@ -673,10 +683,11 @@ def main(argv=None) -> int:
         print(f"template_ab.py: error: {exc}", file=sys.stderr)
         return 2
     finally:
-        if saved is None:
-            os.environ.pop("AITER_MLA_TEMPLATES_DIR", None)
-        else:
-            os.environ["AITER_MLA_TEMPLATES_DIR"] = saved
+        for v, value in saved.items():
+            if value is None:
+                os.environ.pop(v, None)
+            else:
+                os.environ[v] = value
     js, md = write_outputs(doc, args.output)
     print(render_markdown(doc))
     print(f"wrote {js}, {md}")
