@@ -5,7 +5,7 @@ Public ops (AITER's names and argument orders):
 ``get_mla_metadata_info_v1``, ``get_mla_metadata_v1``, ``mla_decode_fwd``,
 ``hk_mla_decode_fwd``, ``mla_reduce_v1``; the float64 reference is :mod:`aiter_mla.reference`.
 """
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401
 
 # Lazy attributes: `import aiter_mla` stays cheap (no torch import) so CLI commands and a
 # warm JIT load in a new process pay only for what they use.

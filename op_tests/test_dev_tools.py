@@ -397,7 +397,8 @@ def test_template_ab_end_to_end_same_templates(tmp_path):
         assert s["methods"] == ["graph"]
         chk = s["check"]
         assert chk["ok"] and chk["rel_l2"] <= 0.03 and chk["lse_max_abs_err"] < 0.05
-        assert chk["rel_l2_vs_first"] <= 1e-3
+        # the first arm has no first arm to compare with (None, not a false 0)
+        assert (chk["rel_l2_vs_first"] is None) if n == "a" else chk["rel_l2_vs_first"] <= 1e-3
     assert arms["a"]["ratio"] == 1.0 and 0.5 < arms["b"]["ratio"] < 2.0
     assert (out / "ab.md").read_text().count("| fp8 128,1 b8 c1024 |") == 3   # timing row + 2 check rows
 
@@ -422,7 +423,7 @@ def test_phase_budget_end_to_end(tmp_path):
     assert "| **total** |" in (out / "phase_budget.md").read_text()
 
 
-def test_stamp_build_exports_the_layout_and_plain_build_has_none(private_cache, monkeypatch):
+def test_stamp_build_exports_the_layout_and_plain_build_has_none(private_cache, monkeypatch, cuobjdump):
     """A real nvcc build (no GPU needed) of a decode variant with -DAITER_MLA_PHASE_STAMPS
     exports the stamp layout phase_budget.py reads, {1024 CTA slots, 3 roles, 8 phases + the
     tile count}, with the phases' names; the plain build of the same variant (a separate cache
@@ -454,6 +455,15 @@ def test_stamp_build_exports_the_layout_and_plain_build_has_none(private_cache, 
     plain_lib = ctypes.CDLL(str(plain.lib_path))
     for fn in (pb.LAYOUT_FN, pb.NAMES_FN, pb.STAMPS_FN):
         assert hasattr(lib, fn) and not hasattr(plain_lib, fn), fn
+    # the stamp sums live in the dynamic block, not in static shared memory: static arrays sit in
+    # front of the tile and moved it to 256 mod 512, under the 512-byte alignment the TMA
+    # swizzle's V^T reads assume (the stamped fp8 build then computed a wrong PV)
+    import re
+    import subprocess
+
+    shared = [re.findall(r"SHARED:(\d+)", subprocess.run([cuobjdump, "-res-usage", str(m.lib_path)], capture_output=True,
+                                                        text=True, check=True).stdout) for m in (plain, stamped)]
+    assert shared[0] and shared[0] == shared[1], shared
 
 
 def test_an_arm_renders_with_its_own_config(tmp_path, monkeypatch):

@@ -5,7 +5,9 @@ Every ``import`` / ``from ... import`` statement of every module under ``aiter_m
 at module level and inside functions (a lazy import still ties the two modules together: a
 cycle through one works only as long as nobody moves it to the top). Relative imports are
 resolved against the importing module; ``from X import name`` is an edge to ``X.name`` when
-that is a module of the package, else to ``X``. Imports of other packages are ignored.
+that is a module of the package, else to ``X``; a package module named in a string that is
+imported by name (``importlib.import_module``'s argument, the ``_LAZY`` table of ``aiter_mla``'s
+lazy attributes) is an edge too. Imports of other packages are ignored.
 """
 from __future__ import annotations
 
@@ -62,7 +64,25 @@ def imports_of(module: str, files: dict[str, Path]) -> list[tuple[str, int]]:
                     found.append((sub, node.lineno))
                 elif base in files:
                     found.append((base, node.lineno))
+        elif _lazy_table(node) or _import_module_call(node):
+            # modules named in strings that are imported by name: importlib.import_module's
+            # argument, and aiter_mla's table of lazy attributes (_LAZY) that feeds it
+            for const in ast.walk(node):
+                if isinstance(const, ast.Constant) and const.value in files:
+                    found.append((const.value, const.lineno))
     return [(m, line) for m, line in found if m != module]
+
+
+def _lazy_table(node) -> bool:
+    return (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+            and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets))
+
+
+def _import_module_call(node) -> bool:
+    if not isinstance(node, ast.Call) or not node.args:
+        return False
+    f = node.func
+    return (isinstance(f, ast.Attribute) and f.attr == "import_module") or (isinstance(f, ast.Name) and f.id == "import_module")
 
 
 def import_graph() -> dict[str, dict[str, int]]:

@@ -190,6 +190,10 @@ def render_markdown(doc: dict) -> str:
                      f"{c['calls']} calls after {c['warmup']} warm-up calls, {c['us_per_call']:.1f} µs per call "
                      f"(stamped build, {c.get('method', '?')}); SM clock {_f(clk.get('mhz'), '.0f')} MHz ({clk.get('source', 'unknown')}); "
                      f"{c['layout']['slots']} CTA slots.")
+        chk = c.get("check")
+        if chk:
+            lines.append(f"Stamped output against float64: relative L2 {chk['rel_l2']:.2e} (bound {chk['tol']:.0e}), "
+                         f"max |LSE error| {chk['lse_max_abs_err']:.2e}: {'ok' if chk['ok'] else 'FAILED'}.")
         lines.append("")
         lines += render_budget(c["budget"], clk.get("mhz"))
         lines.append("")
@@ -368,12 +372,11 @@ def main(argv=None) -> int:
         return 2
     from aiter_mla.bench import environment
 
-    saved = {v: os.environ.get(v) for v in ("AITER_MLA_TEMPLATES_DIR", "AITER_MLA_CONFIG")}   # use_templates sets both
     doc = {"tool": "scripts/phase_budget.py", "commit": args.commit or environment.commit(exclude=args.output),
            "device": environment.machine(), "nvcc_flags": os.environ[FLAGS_VAR],
            "templates": args.templates or "", "cases": []}
     try:
-        with ab.arm_folders([args.arm]) as folders:
+        with ab.arm_environment(), ab.arm_folders([args.arm]) as folders:
             failed, _keys = ab.build_all([args.arm], folders, params, args.jobs)   # also switches to them
             if failed:
                 print("\n".join(failed), file=sys.stderr)
@@ -383,18 +386,15 @@ def main(argv=None) -> int:
                          "warmup": args.warmup}
                 try:
                     entry.update(measure_case(run, args.warmup, args.calls, args.raw))
+                    # the stamped build must compute what the plain one does (its stamps share the
+                    # CTA's shared memory): input set 0 against the float64 reference
+                    entry["check"], _out = ab.check_arm(run, None, 2)
                 except Exception as exc:  # recorded; the next case goes on (a lost context fails it too)
                     entry["error"] = ab._first_line(exc)
                 doc["cases"].append(entry)
     except ab.SpecError as exc:
         print(f"phase_budget.py: error: {exc}", file=sys.stderr)
         return 2
-    finally:
-        for v, value in saved.items():
-            if value is None:
-                os.environ.pop(v, None)
-            else:
-                os.environ[v] = value
     text = render_markdown(doc)
     print(text)
     if args.output is not None:
@@ -403,6 +403,8 @@ def main(argv=None) -> int:
         (args.output / "phase_budget.md").write_text(text)
         print(f"wrote {args.output / 'phase_budget.json'}, {args.output / 'phase_budget.md'}")
     bad = [f"{c['case']}: {c['error']}" for c in doc["cases"] if c.get("error")]
+    bad += [f"{c['case']}: the stamped build's output failed its check (relative L2 {c['check']['rel_l2']:.2e})"
+            for c in doc["cases"] if c.get("check") and not c["check"]["ok"]]
     for line in bad:
         print(f"phase_budget.py: {line}", file=sys.stderr)
     return 1 if bad else 0

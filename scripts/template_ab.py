@@ -12,9 +12,12 @@ Arms (``--arm NAME=WHERE``, repeatable, at least one; the first is the baseline 
   NAME=git:REF   a temporary ``git worktree add --detach`` of REF (this repository's git), its
                  ``templates/``; the worktree is removed at the end
 
-An arm is a templates folder and nothing else: the Python side (the ops, the host half of the
-scheduler, ``jit_config.json``, ``decode_variant``'s choice of variant) is this checkout's in
-every arm, so a tree must accept the template parameters this checkout passes.
+An arm is a templates folder and, when one sits beside it (a worktree's or a ``git:`` arm's
+root), its ``jit_config.json``: the Python side (the ops, the host half of the scheduler,
+``decode_variant``'s choice of variant) is this checkout's in every arm, so a tree must accept
+the template parameters this checkout passes; its own config refuses them when it does not
+(rather than letting its template render a fallback branch). A bare templates folder is checked
+against this checkout's ``jit_config.json``.
 NAME is letters, digits and ``_.-``.
 
 Cases (``--case``, repeatable, at least one): ``"DTYPE HEADS,QLEN bBATCH cCTX [pPAGE] [varlen]"``,
@@ -23,9 +26,10 @@ e.g. ``"fp8 128,1 b64 c3200"`` (Q and KV both DTYPE, fp8 or bf16; page 64 unless
 the bench's row for that point (``aiter_mla.bench.sweep``: same seeds, same KV pool, page
 tables and rotation), made once and shared by every arm.
 
-What it does, all in this one process (``AITER_MLA_TEMPLATES_DIR`` is process-wide, and every
-switch is ``os.environ`` + ``aiter_mla.jit.core.reset_state()``, which drops the in-process memo
-and the ops' own module handles):
+What it does, all in this one process (``AITER_MLA_TEMPLATES_DIR`` and ``AITER_MLA_CONFIG`` are
+process-wide, and every switch is ``os.environ`` + ``aiter_mla.jit.core.reset_state()``, which
+drops the in-process memo and the ops' own module handles; :func:`arm_environment` restores
+them at the end):
 
 1. build: per arm, switch to its folder and build (or load) every variant the cases need
    (``aiter_mla.bench.variants.build_variants``); a failed build stops the run (exit 1).
@@ -343,6 +347,24 @@ def arm_folders(arms: list[Arm], repo: Path = REPO):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def arm_environment():
+    """Restores what :func:`use_templates` changes (``AITER_MLA_TEMPLATES_DIR``,
+    ``AITER_MLA_CONFIG``) and the JIT's in-process state on the way out."""
+    from aiter_mla.jit import core
+
+    saved = {v: os.environ.get(v) for v in ("AITER_MLA_TEMPLATES_DIR", "AITER_MLA_CONFIG")}
+    try:
+        yield
+    finally:
+        for v, value in saved.items():
+            if value is None:
+                os.environ.pop(v, None)
+            else:
+                os.environ[v] = value
+        core.reset_state()
+
+
 def use_templates(folder: Path | None) -> None:
     """Later ``get_module`` calls of this process render from ``folder`` (None: the
     repository's templates) with the ``jit_config.json`` beside it when it has one (a worktree's
@@ -522,7 +544,7 @@ def check_arm(run: CaseRun, first_out, n_requests: int) -> tuple[dict, object]:
     out = run.plan.out[:rows].clone()
     chk = {"requests": min(n_requests, run.case.batch), "rows": rows,
            "rel_l2": relative_l2(out, ref_out), "lse_max_abs_err": lse_max_abs_err(lse[:rows], ref_lse)}
-    chk["rel_l2_vs_first"] = relative_l2(out, first_out) if first_out is not None else 0.0
+    chk["rel_l2_vs_first"] = relative_l2(out, first_out) if first_out is not None else None
     chk["tol"] = CHECK_TOL[run.case.dtype]
     chk["ok"] = chk["rel_l2"] <= chk["tol"]
     return chk, out
@@ -671,9 +693,8 @@ def main(argv=None) -> int:
     if reason:
         print(f"template_ab.py: no CUDA GPU visible ({reason})", file=sys.stderr)
         return 2
-    saved = {v: os.environ.get(v) for v in ("AITER_MLA_TEMPLATES_DIR", "AITER_MLA_CONFIG")}   # use_templates sets both
     try:
-        with arm_folders(args.arm) as folders:
+        with arm_environment(), arm_folders(args.arm) as folders:
             failed, keys = build_all(args.arm, folders, params, args.jobs)
             if failed:
                 print("\n".join(failed), file=sys.stderr)
@@ -682,12 +703,6 @@ def main(argv=None) -> int:
     except SpecError as exc:
         print(f"template_ab.py: error: {exc}", file=sys.stderr)
         return 2
-    finally:
-        for v, value in saved.items():
-            if value is None:
-                os.environ.pop(v, None)
-            else:
-                os.environ[v] = value
     js, md = write_outputs(doc, args.output)
     print(render_markdown(doc))
     print(f"wrote {js}, {md}")

@@ -3,8 +3,8 @@
 - The seed's MI355 table (AITER PR #3072, ``op_tests/test_mla_persistent.py -n 128,1 -d fp8 -kvd fp8
   -blk 64`` with ``AITER_ENABLE_EXPERIMENTAL=1``): per (batch, ctx), the ASM kernel, the HK kernel
   before the PR and the HK kernel after it, in µs, as the PR published it (docs/DESIGN.md §6.4).
-- FlashMLA ``c2067be`` on our H200 (bf16, page 64, median over CUDA-graph replays), measured in
-  an earlier session (docs/DESIGN.md §6.4).
+- FlashMLA ``c2067be`` on our H200 (bf16, page 64, median over CUDA-graph replays), from an
+  earlier table later found mis-measured by about 1.35x: not a comparison (docs/DESIGN.md §6.4).
 
 Neither was measured in the run that shows them: the report labels them as such.
 """

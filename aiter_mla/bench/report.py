@@ -244,7 +244,8 @@ def render_markdown(doc: dict, tag: str = "") -> str:
             "Columns marked (ref) were measured elsewhere, not in this run: "
             f"{reference_numbers.SEED_MI355_LABEL} = the seed's MI355 HK kernel (AITER #3072); "
             f"{reference_numbers.FLASHMLA_H200_LABEL} = FlashMLA c2067be on an H200 "
-            "(measured in an earlier session; aiter_mla/bench/reference_numbers.py). "
+            "(an earlier table later found mis-measured by about 1.35x: not a comparison; "
+            "aiter_mla/bench/reference_numbers.py). "
             "ours/peer < 1 means ours is faster.", ""]
     return "\n".join(out)
 

@@ -28,7 +28,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, env
+from .. import env
+from ..version import __version__
 from .toolchain import KEY_ENV, Compiler
 
 KEY_SCHEMA = 1

@@ -30,7 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import __version__, env
+from .. import env
+from ..version import __version__
 
 _REPO = Path(__file__).resolve().parent.parent.parent
 

@@ -85,5 +85,5 @@ def convert_fp8_to_bf16(x: torch.Tensor, scale: torch.Tensor,
     module, fn = _entry_points.get(None, index)
     rc = fn(x.data_ptr(), out.data_ptr(), scale.data_ptr(), x.numel(), index, raw_stream(index))
     if rc != 0:
-        launch.check(rc, module, "convert_fp8_to_bf16 launch")
+        module.check(rc, "convert_fp8_to_bf16 launch")
     return out

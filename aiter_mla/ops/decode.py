@@ -307,7 +307,8 @@ def _check_indptr_len(work_indptr, clusters: int) -> None:
 def _check_plan(work_info_set, work_indptr, num_heads: int, max_seqlen_q: int, page_size: int,
                 batch: int, clusters: int) -> None:
     """The schedule must have been planned for this shape (metadata.lookup_plan). A schedule
-    for fewer clusters than the launch would leave works unrun: checked here too."""
+    for fewer clusters than the launch would leave works unrun: checked here too. A schedule
+    with no plan record (written by hand, or by metadata_reference.to_buffers) is trusted."""
     plan = metadata.lookup_plan(work_info_set)
     if plan is None:
         return  # not planned by get_mla_metadata_v1 in this process (e.g. hand-built): trusted
@@ -378,7 +379,7 @@ def _launch(query, kv_buffer, kv_indices, kv_last_page_lens, work_indptr, work_i
             work_info_set.numel() * work_info_set.element_size(),  # work_info_bytes
             kv_indices.numel() * kv_indices.element_size())        # kv_indices_bytes
     if rc != 0:
-        launch.check(rc, module, "mla decode launch")
+        module.check(rc, "mla decode launch")
     if not capturing:
         _launched.add((module.key, index))
 

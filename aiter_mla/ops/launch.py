@@ -1,8 +1,8 @@
 """How an op holds and launches a JIT module's entry point (docs/DESIGN.md §4): the entry
 point's C signature declared once with named fields (:class:`Signature`), its loaded function
 held per (variant key, device) until :func:`aiter_mla.jit.reset_state` (:class:`EntryPoints`),
-torch's current stream as a raw handle (:func:`raw_stream`) and the launch result checked
-against the module's error text (:func:`check`).
+torch's current stream as a raw handle (:func:`raw_stream`); the launch result is checked by
+the loaded module itself (``Module.check``: RuntimeError with the runtime's error text).
 
 Importing this module does not import torch (the metadata op and its CLI stay torch-free until
 they launch); ``raw_stream`` is bound on first use.
@@ -80,14 +80,6 @@ def device_arch(device_index: int) -> str:
 
     with torch.cuda.device(device_index):
         return arch.current_arch()
-
-
-def check(rc: int, module, what: str) -> None:
-    """Raise RuntimeError naming ``what``, the module's ``aiter_mla_error_string`` text for
-    ``rc``, the code and the variant, when the launch result ``rc`` is not 0 (cudaSuccess)."""
-    if rc != 0:
-        raise RuntimeError(f"{what} failed: {module.error_string(rc)} (error {rc}) "
-                           f"[module {module.name} {module.params}]")
 
 
 def _bind_raw_stream() -> Callable[[int], int]:

@@ -490,4 +490,4 @@ def _launch(device, qo_indptr, kv_indptr, kv_last_page_lens, work_metadata_ptrs,
         nb, nc, nsplit, page_size, kv_granularity, overhead_blocks(page_size), max_seqlen_qo,
         index, launch.raw_stream(index))
     if rc != 0:
-        launch.check(rc, module, "mla_metadata kernel launch")
+        module.check(rc, "mla_metadata kernel launch")

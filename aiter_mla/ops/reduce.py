@@ -124,7 +124,7 @@ def _launch(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce
         final_output.shape[0], po_shape[-2], reduce_indptr.numel() - 1, max_seqlen_q,
         index, raw_stream(index))
     if rc != 0:
-        launch.check(rc, module, "mla_reduce_v1: launch")
+        module.check(rc, "mla_reduce_v1: launch")
 
 
 @torch.library.custom_op("aiter_mla::mla_reduce_v1", mutates_args=("final_output", "final_lse"))

@@ -16,7 +16,6 @@
 // read as the maths of docs/DESIGN.md §5.9 without touching loads, masking or the epilogue.
 #pragma once
 #include <cuda_runtime.h>
-#include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <stdint.h>
@@ -28,7 +27,6 @@ constexpr int kQkDim = 576;      // 512 latent + 64 RoPE
 constexpr int kVDim = 512;       // V = first 512 columns of the KV row
 constexpr int kRows = 64;        // query rows per CTA
 constexpr int kThreads = 256;    // 8 warps
-constexpr int kGroups = 4;       // row groups of 16
 
 // ---- tile configuration (compile-time; instantiated by the template) ----------------------
 // log2 of the page size, which must be a power of two in 1..256 (every config's kLog2P).
@@ -62,16 +60,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-// P as two 16-bit values: fp16 (F16) or bf16.
-template <bool F16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (F16) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
+// Two probabilities as one bf16x2 word of the P tile (key_halves' PV is a bf16 wgmma).
+__device__ __forceinline__ uint32_t pack2_bf16(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
 }
 
 // Barrier for the two warps of one row group (ids 1..4; id 0 is __syncthreads).
@@ -227,8 +219,8 @@ __device__ __forceinline__ void softmax_update(float (&s)[C::kSTiles][4], float 
   uint8_t* p_tile = smem + C::kOffP;
   exp_scores<C>(s, mx, sc, sum, [&](int j, float p0, float p1, float p2, float p3) {
     const int col = half * (C::BN / 2) + j * 8 + (lane & 3) * 2;
-    *reinterpret_cast<uint32_t*>(p_tile + r0 * C::kPStride + col * 2) = pack2<C::kFp8>(p0, p1);
-    *reinterpret_cast<uint32_t*>(p_tile + (r0 + 8) * C::kPStride + col * 2) = pack2<C::kFp8>(p2, p3);
+    *reinterpret_cast<uint32_t*>(p_tile + r0 * C::kPStride + col * 2) = pack2_bf16(p0, p1);
+    *reinterpret_cast<uint32_t*>(p_tile + (r0 + 8) * C::kPStride + col * 2) = pack2_bf16(p2, p3);
   });
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * scale_o[h] + sum[h];

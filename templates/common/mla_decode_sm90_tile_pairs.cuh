@@ -39,7 +39,7 @@ struct TilePairsConfig : fp8::TmaTile<BlockN, PageSize, Causal> {
   static constexpr int kMBlocks = kVDim / 2 / 64;     // m64 blocks of O^T per warpgroup
   static constexpr int kPBytes = kRows * BN;          // one P buffer (transposed_pv::p_offset layout)
   static constexpr int kOffP = T::kOffKv + kStages * T::kStageBytes;   // P_a, P_b
-  static constexpr int kOffScale = kOffP + 2 * kPBytes;               // O^T's factor [64] (transposed_pv::rescale_ot's buf 0), [64] spare
+  static constexpr int kOffScale = kOffP + 2 * kPBytes;               // O^T's factors [2][64]: the pair's (buffer 0), the odd last tile's (buffer 1, `single`)
   static constexpr int kOffMax = kOffScale + 2 * kRows * 4;           // m_loc of warpgroup 0 [64], of warpgroup 1 [64]
   static constexpr int kOffInv = kOffMax + 2 * kRows * 4;             // [64] out_scale / l (transposed_pv::write_output)
   static constexpr int kOffRed = kOffInv + kRows * 4;

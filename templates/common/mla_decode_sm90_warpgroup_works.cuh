@@ -289,13 +289,13 @@ __device__ __forceinline__ void pv(float (&o)[32][4], const uint32_t (&a)[C::kMB
   wg::fence_operands(o);
 }
 
-// Epilogue of this warpgroup's rows (the CTA's rows wg_row0 .. wg_row0 + 31, CTA row 0 being
-// row row_base of the work; the shared-memory reductions are warpgroup wgi's): l summed over the thread's key lanes and the 4 warps, then
+// Epilogue of this warpgroup's rows (the work's rows row_base .. row_base + 31; the
+// shared-memory reductions are warpgroup wgi's): l summed over the thread's key lanes and the 4 warps, then
 // bf16 O * out_scale / l and the final LSE (unsplit work) or fp32 partial O and LSE (split).
 // A row that saw no key gets O = 0 and LSE +inf (final) / -inf (partial), never NaN.
 template <class C>
 __device__ __forceinline__ void write_output(const float (&o)[32][4], RowState8& st, uint8_t* smem, const Work& w,
-                                             int wgi, int row_base, int wg_row0, int num_heads, float out_scale,
+                                             int wgi, int row_base, int num_heads, float out_scale,
                                              __nv_bfloat16* __restrict__ out, float* __restrict__ final_lse,
                                              float* __restrict__ split_out, float* __restrict__ split_lse,
                                              int wp, int lane) {
@@ -313,8 +313,8 @@ __device__ __forceinline__ void write_output(const float (&o)[32][4], RowState8&
     for (int q = 0; q < 8; ++q) red[(8 * (q >> 1) + 2 * r + (q & 1)) * 4 + wp] = st.l[q];
   }
   wg::wg_sync(wgi);
-  const int64_t row0 = (split ? (int64_t)w.partial_qo_loc : (int64_t)w.qo_start) * num_heads + row_base + wg_row0;
-  const int rows = w.valid_rows - wg_row0;   // real rows of this warpgroup
+  const int64_t row0 = (split ? (int64_t)w.partial_qo_loc : (int64_t)w.qo_start) * num_heads + row_base;
+  const int rows = w.valid_rows;   // real rows of this warpgroup
   float inv[8];
 #pragma unroll
   for (int q = 0; q < 8; ++q) {

@@ -4,8 +4,11 @@
 // the plain one.
 //
 // One thread per role records: thread 0 (consumer warpgroup 0), thread 128 (warpgroup 1) and
-// thread 256 (lane 0 of the producer warp 8). AITER_MLA_STAMP(phase) adds the SM clocks since
-// that thread's previous stamp to `phase` (the phase that just ended), in shared memory;
+// thread 256 (lane 0 of the producer warp 8; warpgroup_works' second producer warp, for ring 1,
+// is not recorded). AITER_MLA_STAMP(phase) adds the SM clocks since that thread's previous
+// stamp to `phase` (the phase that just ended), in shared memory at the end of the dynamic
+// block (the launch adds AITER_MLA_STAMP_SMEM_BYTES; static __shared__ arrays would sit in
+// front of the tile and move it off the 512-byte alignment the TMA swizzle reads rely on);
 // AITER_MLA_STAMP_TILES(n) counts the KV tiles the role worked on; AITER_MLA_STAMP_END() adds
 // the CTA's sums into aiter_mla_decode_stamps' array [slot][role][phase], slot = the CTA's
 // linear index (CTAs past kSlots are not recorded), with the tile count as the last field.
@@ -31,43 +34,55 @@ enum Phase : int {
 };
 constexpr const char* kNames = "pdl_wait,work,kv_wait,qk,softmax,pv,produce_wait,produce_issue";
 
+constexpr int kFields = kPhases + 2;   // the phases, the tile count, the last stamp's clock
+constexpr int kSmemBytes = (kRoles * kFields * 8 + 127) / 128 * 128;
+
 __device__ unsigned long long g_sums[kSlots][kRoles][kPhases + 1];
-__shared__ unsigned long long s_sums[kRoles][kPhases + 1];
-__shared__ unsigned long long s_last[kRoles];
+extern __shared__ __align__(128) uint8_t aiter_mla_stamp_smem[];   // the kernel's dynamic block
 
 __device__ __forceinline__ bool recorder() { return (threadIdx.x & 127) == 0 && threadIdx.x <= 256; }
-__device__ __forceinline__ int role() { return threadIdx.x >> 7; }
+// This thread's role's fields [kFields] in the last kSmemBytes of the dynamic block.
+__device__ __forceinline__ unsigned long long* fields() {
+  uint32_t size;
+  asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(size));
+  return reinterpret_cast<unsigned long long*>(aiter_mla_stamp_smem + size - kSmemBytes) + (threadIdx.x >> 7) * kFields;
+}
 
 __device__ __forceinline__ void begin() {
   if (recorder()) {
-    for (int k = 0; k <= kPhases; ++k) s_sums[role()][k] = 0;
-    s_last[role()] = clock64();
+    unsigned long long* f = fields();
+    for (int k = 0; k <= kPhases; ++k) f[k] = 0;
+    f[kPhases + 1] = clock64();
   }
 }
 __device__ __forceinline__ void mark(Phase phase) {
   if (recorder()) {
+    unsigned long long* f = fields();
     const unsigned long long now = clock64();
-    s_sums[role()][phase] += now - s_last[role()];
-    s_last[role()] = now;
+    f[phase] += now - f[kPhases + 1];
+    f[kPhases + 1] = now;
   }
 }
 __device__ __forceinline__ void tiles(int n) {
-  if (recorder()) s_sums[role()][kPhases] += n;
+  if (recorder()) fields()[kPhases] += n;
 }
 __device__ __forceinline__ void end() {
   const int slot = blockIdx.y * gridDim.x + blockIdx.x;
   if (recorder() && slot < kSlots) {
-    for (int k = 0; k <= kPhases; ++k) g_sums[slot][role()][k] += s_sums[role()][k];
+    const unsigned long long* f = fields();
+    for (int k = 0; k <= kPhases; ++k) g_sums[slot][threadIdx.x >> 7][k] += f[k];
   }
 }
 
 }  // namespace stamps
 }  // namespace mla
+#define AITER_MLA_STAMP_SMEM_BYTES mla::stamps::kSmemBytes
 #define AITER_MLA_STAMP_BEGIN() mla::stamps::begin()
 #define AITER_MLA_STAMP(phase) mla::stamps::mark(mla::stamps::phase)
 #define AITER_MLA_STAMP_TILES(n) mla::stamps::tiles(n)
 #define AITER_MLA_STAMP_END() mla::stamps::end()
 #else
+#define AITER_MLA_STAMP_SMEM_BYTES 0
 #define AITER_MLA_STAMP_BEGIN() ((void)0)
 #define AITER_MLA_STAMP(phase) ((void)0)
 #define AITER_MLA_STAMP_TILES(n) ((void)0)
