@@ -981,3 +981,36 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
         aiter_mla.mla_decode_fwd(None, kv, o, qo, kvi, idx, last, 1, page_size=16)
     with pytest.raises(TypeError, match="kv_buffer must be a torch.Tensor, got list"):
         aiter_mla.mla_decode_fwd(q, [], o, qo, kvi, idx, last, 1, page_size=16)
+
+
+@gpu
+@needs_gpu
+def test_per_call_path_does_each_thing_once(warm, monkeypatch):
+    """One mla_decode_fwd call computes its variant (decode_variant) and its work-list count
+    (arch.num_clusters) once, whether it plans itself or is given a plan (they ran 3 and up to 4
+    times before), and the result is still right."""
+    counts = {"decode_variant": 0, "num_clusters": 0}
+    real_variant, real_clusters = dec.decode_variant, arch.num_clusters
+
+    def counting_variant(*a, **k):
+        counts["decode_variant"] += 1
+        return real_variant(*a, **k)
+
+    def counting_clusters(*a, **k):
+        counts["num_clusters"] += 1
+        return real_clusters(*a, **k)
+
+    c = make_case(128, 1, 64, FP8, [700, 1500])
+    bufs = plan(c)                      # planned outside the counted calls
+    o = torch.full((c.q.shape[0], c.heads, DV), float("nan"), dtype=torch.bfloat16, device="cuda")
+    decode_with(c, bufs, o)             # warm (first use of the variant)
+    monkeypatch.setattr(dec, "decode_variant", counting_variant)
+    monkeypatch.setattr(arch, "num_clusters", counting_clusters)
+    _logits, lse = decode_with(c, bufs, o)
+    torch.cuda.synchronize()
+    assert counts == {"decode_variant": 1, "num_clusters": 1}, counts
+    check("(128,1) given plan, counted", c, o, lse)
+    counts.update(decode_variant=0, num_clusters=0)
+    o2, lse, _ = run_decode(c)          # plans itself
+    assert counts == {"decode_variant": 1, "num_clusters": 1}, counts
+    check("(128,1) self-planned, counted", c, o2, lse)
