@@ -364,11 +364,7 @@ def main(argv=None) -> int:
     except ab.SpecError as exc:
         print(f"phase_budget.py: error: {exc}", file=sys.stderr)
         return 2
-    from aiter_mla.bench.commands import no_gpu_reason
-
-    reason = no_gpu_reason()
-    if reason:
-        print(f"phase_budget.py: no CUDA GPU visible ({reason})", file=sys.stderr)
+    if ab.no_gpu("phase_budget.py"):
         return 2
     from aiter_mla.bench import environment
 

@@ -347,6 +347,16 @@ def arm_folders(arms: list[Arm], repo: Path = REPO):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def no_gpu(prog: str) -> bool:
+    """True, after printing why on stderr, when no CUDA GPU is usable (both tools exit 2 then)."""
+    from aiter_mla.bench.commands import no_gpu_reason
+
+    reason = no_gpu_reason()
+    if reason:
+        print(f"{prog}: no CUDA GPU visible ({reason})", file=sys.stderr)
+    return reason is not None
+
+
 @contextlib.contextmanager
 def arm_environment():
     """Restores what :func:`use_templates` changes (``AITER_MLA_TEMPLATES_DIR``,
@@ -687,11 +697,7 @@ def main(argv=None) -> int:
     except SpecError as exc:
         print(f"template_ab.py: error: {exc}", file=sys.stderr)
         return 2
-    from aiter_mla.bench.commands import no_gpu_reason
-
-    reason = no_gpu_reason()
-    if reason:
-        print(f"template_ab.py: no CUDA GPU visible ({reason})", file=sys.stderr)
+    if no_gpu("template_ab.py"):
         return 2
     try:
         with arm_environment(), arm_folders(args.arm) as folders:
