@@ -3,7 +3,9 @@ one KV head, paged KV cache), re-creating AMD AITER's "HK MLA" decode subsystem.
 
 Public ops (AITER's names and argument orders):
 ``get_mla_metadata_info_v1``, ``get_mla_metadata_v1``, ``mla_decode_fwd``,
-``hk_mla_decode_fwd``, ``mla_reduce_v1``; the float64 reference is :mod:`aiter_mla.reference`.
+``hk_mla_decode_fwd``, ``mla_reduce_v1``; ``check_errors`` / ``DeviceIndexError``: the bad
+index values the kernels found (:mod:`aiter_mla.ops.errors`); the float64 reference is
+:mod:`aiter_mla.reference`.
 """
 from .version import __version__  # noqa: F401
 
@@ -16,6 +18,8 @@ _LAZY = {
     "mla_decode_fwd": ("aiter_mla.ops.decode", "mla_decode_fwd"),
     "get_mla_metadata_info_v1": ("aiter_mla.ops.metadata", "get_mla_metadata_info_v1"),
     "get_mla_metadata_v1": ("aiter_mla.ops.metadata", "get_mla_metadata_v1"),
+    "check_errors": ("aiter_mla.ops.errors", "check_errors"),
+    "DeviceIndexError": ("aiter_mla.ops.errors", "DeviceIndexError"),
 }
 __all__ = sorted(_LAZY)
 

@@ -37,8 +37,36 @@ WHOLE_BATCH_SLACK = 8
 KERNEL_DTYPES = {"float8_e4m3fn": "fp8", "bfloat16": "bf16"}
 
 
+#: What the decode kernel checks on the device and reports in the error record
+#: (``ops/errors.py`` turns a record into a ValueError; templates/common/aiter_mla_errors.cuh
+#: writes it). Code = position + 1 (0: no error); each is an ``ERR_<NAME>`` Jinja global.
+DEVICE_ERRORS = (
+    "kv_index",            # kv_indices[index] = value outside [0, bound = num_pages)
+    "qo_indptr_start",     # qo_indptr[0] = value != 0
+    "qo_indptr_end",       # qo_indptr[-1] = value != bound = query rows
+    "qo_indptr_order",     # qo_indptr[index + 1] = value < qo_indptr[index] = bound
+    "q_too_long",          # batch index has value q tokens > bound = max_seqlen_q
+    "kv_indptr_start",     # kv_indptr[0] = value != 0
+    "kv_indptr_order",     # kv_indptr[index + 1] = value < kv_indptr[index] = bound
+    "kv_indptr_end",       # kv_indptr[-1] = value > bound = len(kv_indices)
+    "last_page_len",       # kv_last_page_lens[index] = value outside [1, bound = page_size]
+    "work_indptr_range",   # work_indptr[index] = value outside [0, bound = works]
+    "work_lists_unrun",    # work_indptr[index = lists] = value != bound = work_indptr[-1]
+    "work_batch",          # work_info_set[index].batch_idx = value outside [0, bound = batches)
+    "work_qo",             # work_info_set[index] q rows end at value > bound = query rows
+    "work_kv",             # work_info_set[index] kv pages end at value > bound = len(kv_indices)
+    "work_split",          # work_info_set[index] split rows end at value > bound = split rows
+)
+#: The error record: two slots (0: the inputs' values, codes before "work_indptr_range"; 1: the
+#: schedule's records) of four int64 words each: code, index, value, bound.
+ERROR_SLOTS = 2
+ERROR_SLOT_WORDS = 4
+
+
 def template_constants() -> dict[str, int]:
-    """``WI_<FIELD>`` index constants handed to every template as Jinja globals."""
+    """``WI_<FIELD>`` index constants and ``ERR_<NAME>`` device error codes, handed to every
+    template as Jinja globals."""
     consts = {f"WI_{name.upper()}": i for i, name in enumerate(WORK_INFO_FIELDS)}
     consts["WORK_INFO_INTS"] = WORK_INFO_INTS
+    consts.update({f"ERR_{name.upper()}": i + 1 for i, name in enumerate(DEVICE_ERRORS)})
     return consts

@@ -20,9 +20,16 @@ _AS_CTYPES = {"const void*": ctypes.c_void_p, "void*": ctypes.c_void_p, "long lo
               "int": ctypes.c_int, "float": ctypes.c_float}
 
 
-def _c_signature(module: str, symbol: str) -> list[tuple[str, str]]:
-    """(C type, parameter name) of ``symbol`` in every default variant of ``module`` rendered for
-    sm_90a; the variants must agree."""
+def _c_fields(text: str, pattern: str) -> list[tuple[str, str]]:
+    # "type name" items separated by commas (a signature) or semicolons (a struct body)
+    items = [i.strip() for i in re.split(r"[,;]", pattern) if i.strip()]
+    return [(re.sub(r"\s*\w+$", "", i), re.search(r"(\w+)$", i).group(1)) for i in items]
+
+
+def _c_signature(module: str, symbol: str) -> tuple[list, list | None]:
+    """(C type, parameter name) of ``symbol`` in every default variant of ``module`` rendered
+    for sm_90a, and, when its first parameter is ``const <Struct>*``, that struct's (C type,
+    field name) list; the variants must agree."""
     m = load_config().modules[module]
     found = None
     for params in m.default_variants:
@@ -31,10 +38,16 @@ def _c_signature(module: str, symbol: str) -> list[tuple[str, str]]:
         text = render(m, dict(params), templates_dir()).text
         sig = re.search(rf"AITER_MLA_EXPORT int {symbol}\((.*?)\)\s*\{{", text, re.S)
         assert sig, f"{module}: no AITER_MLA_EXPORT int {symbol}(...) in the rendered source"
-        args = [(re.sub(r"\s*\w+$", "", a.strip()), re.search(r"(\w+)$", a.strip()).group(1))
-                for a in sig.group(1).split(",")]
-        assert found is None or args == found, (module, params)
-        found = args
+        args = _c_fields(text, sig.group(1))
+        fields = None
+        first = re.fullmatch(r"const (\w+Args)\*", args[0][0])
+        if first:
+            body = re.search(rf"struct {first.group(1)} \{{(.*?)\}};", text, re.S)
+            assert body, f"{module}: no struct {first.group(1)} in the rendered source"
+            fields = _c_fields(text, re.sub(r"//[^\n]*", "", body.group(1)))
+            args = args[1:]
+        assert found is None or (args, fields) == found, (module, params)
+        found = (args, fields)
     assert found, f"{module} has no sm_90a default variant"
     return found
 
@@ -42,19 +55,51 @@ def _c_signature(module: str, symbol: str) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("module,op", [("mla_decode", decode), ("mla_metadata", metadata),
                                        ("mla_reduce", reduce), ("convert_fp8", convert)])
 def test_signature_matches_the_template(module, op):
+    """The per-call parameters and (for a ``fixed`` signature) the argument struct, field by
+    field: count, C type and name."""
     sig = op.SIGNATURE
-    c_args = _c_signature(module, sig.symbol)
-    assert [_AS_CTYPES[t] for t, _ in c_args] == list(sig.argtypes), list(zip(c_args, sig.argtypes))
+    c_args, c_fields = _c_signature(module, sig.symbol)
+    per_call = list(sig.argtypes[1:] if sig.fixed else sig.argtypes)
+    assert [_AS_CTYPES[t] for t, _ in c_args] == per_call, list(zip(c_args, per_call))
     assert [n for _, n in c_args] == list(sig.names), list(zip(c_args, sig.names))
     assert sig.restype is ctypes.c_int
+    if sig.fixed is None:
+        assert c_fields is None, f"{module}: the template takes a struct the op does not declare"
+        return
+    assert c_fields is not None, f"{module}: the op declares a struct the template does not take"
+    assert [_AS_CTYPES[t] for t, _ in c_fields] == [t for _, t in sig.fixed], list(zip(c_fields, sig.fixed))
+    assert [n for _, n in c_fields] == [n for n, _ in sig.fixed]
+
+
+def test_decode_variants_all_take_the_same_struct():
+    """The TMA (page_size >= 8) and cp.async launchers of both dtypes declare one DecodeArgs."""
+    m = load_config().modules["mla_decode"]
+    seen = set()
+    for params in m.default_variants:
+        text = render(m, dict(params), templates_dir()).text
+        body = re.search(r"struct DecodeArgs \{(.*?)\};", text, re.S).group(1)
+        seen.add(re.sub(r"//[^\n]*|\s+", " ", body).strip())
+    assert len(seen) == 1
 
 
 def test_signature_derives_names_and_argtypes_and_refuses_repeats():
     s = launch.Signature("f", (("a", ctypes.c_void_p), ("n", ctypes.c_int)))
     assert s.names == ("a", "n") and s.argtypes == (ctypes.c_void_p, ctypes.c_int) and s.restype is ctypes.c_int
-    assert "c_void_p a" in repr(s) and "c_int n" in repr(s)
+    assert "c_void_p a" in repr(s) and "c_int n" in repr(s) and s.Args is None
     with pytest.raises(ValueError, match=r"f: repeated parameter name in \('a', 'a'\)"):
         launch.Signature("f", (("a", ctypes.c_int), ("a", ctypes.c_int)))
+    with pytest.raises(ValueError, match=r"f: repeated field name in \('x', 'x'\)"):
+        launch.Signature("f", (("a", ctypes.c_int),), fixed=(("x", ctypes.c_int), ("x", ctypes.c_int)))
+
+
+def test_fixed_signature_packs_a_struct_and_passes_its_pointer_first():
+    s = launch.Signature("g", (("stream", ctypes.c_void_p),),
+                         fixed=(("p", ctypes.c_void_p), ("n", ctypes.c_longlong), ("k", ctypes.c_int)))
+    assert s.argtypes == (ctypes.c_void_p, ctypes.c_void_p) and s.names == ("stream",)
+    a = s.pack(p=16, n=2**40, k=-3)
+    assert (a.p, a.n, a.k) == (16, 2**40, -3) and ctypes.sizeof(a) == 24
+    with pytest.raises(KeyError, match=r"missing \['k'\], unknown \['z'\]"):
+        s.pack(p=1, n=2, z=3)
 
 
 class _FakeModule:

@@ -303,58 +303,6 @@ def test_launch_grid_x():
                 assert dec.launch_grid_x(v, clusters) == want
 
 
-def test_index_check_sees_a_new_tensor_at_a_checked_address():
-    """The index-value check is cached per (pointer, version, size) of the index tensors. A new
-    tensor placed at a checked one's address (as the caching allocator does with a freed block)
-    has the same key; the cache must not vouch for its values. Before the fix the second call
-    returned without looking at kv_indices[2] = 10**6."""
-    import numpy as np
-
-    pages = np.array([0, 1, 2, 3], dtype=np.int32)
-    qo_indptr = torch.tensor([0, 1], dtype=torch.int32)
-    kv_indptr = torch.tensor([0, 4], dtype=torch.int32)
-    last = torch.tensor([64], dtype=torch.int32)
-    work_indptr = torch.zeros(3, dtype=torch.int32)
-    kw = dict(total_q=1, num_pages=8, page_size=64, max_seqlen_q=1, clusters=2)
-    first = torch.from_numpy(pages)
-    dec._check_index_values(qo_indptr, kv_indptr, first, last, work_indptr=work_indptr, **kw)
-    dec._check_index_values(qo_indptr, kv_indptr, first, last, work_indptr=work_indptr, **kw)   # cached
-    pages[2] = 10**6
-    second = torch.from_numpy(pages)
-    assert (second.data_ptr(), second._version, second.numel()) == (first.data_ptr(), first._version, first.numel())
-    with pytest.raises(ValueError, match=r"kv_indices\[2\] = 1000000 is outside \[0, num_pages=8\)"):
-        dec._check_index_values(qo_indptr, kv_indptr, second, last, work_indptr=work_indptr, **kw)
-
-
-@pytest.mark.parametrize("page_size,dtype", [(64, "fp8"), (1, "bf16"), (64, "bf16")])
-def test_launcher_signature_matches_argtypes(page_size, dtype):
-    """The C signature of aiter_mla_decode in the rendered template and decode.SIGNATURE (its
-    named declaration) agree in count, C type and name, argument by argument: ctypes would pass
-    a mismatch on silently, and only a GPU run would show it (CPU check; the TMA and cp.async
-    launchers both). The call in decode._launch passes its arguments in that order (each
-    argument line names its field)."""
-    import ctypes
-    import inspect
-    import re
-
-    from aiter_mla.jit.config import load_config, templates_dir
-    from aiter_mla.jit.render import render
-
-    dt = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}[dtype]
-    params = dec.decode_variant(128, 1, page_size, dt, dt)
-    text = render(load_config().modules["mla_decode"], params, templates_dir()).text
-    sig = re.search(r"AITER_MLA_EXPORT int aiter_mla_decode\((.*?)\)\s*\{", text, re.S).group(1)
-    c_types = [re.sub(r"\s*\w+$", "", a.strip()) for a in sig.split(",")]
-    c_names = [re.search(r"(\w+)$", a.strip()).group(1) for a in sig.split(",")]
-    as_ctypes = {"const void*": ctypes.c_void_p, "void*": ctypes.c_void_p, "long long": ctypes.c_longlong,
-                 "int": ctypes.c_int, "float": ctypes.c_float}
-    declared = list(dec.SIGNATURE.argtypes)
-    assert [as_ctypes[t] for t in c_types] == declared, list(zip(c_types, declared))
-    assert c_names == list(dec.SIGNATURE.names), list(zip(c_names, dec.SIGNATURE.names))
-    call = re.search(r"rc = fn\((.*?)\n    if rc", inspect.getsource(dec._launch), re.S).group(1)
-    assert re.findall(r"#\s*(\w+)\s*$", call, re.M) == c_names
-
-
 def test_public_names():
     assert aiter_mla.mla_decode_fwd is dec.mla_decode_fwd
     assert aiter_mla.hk_mla_decode_fwd is dec.hk_mla_decode_fwd
@@ -740,6 +688,16 @@ def test_manual_splits(warm, heads, qlen, P, dtype):
 # errors
 
 
+def found_on_device(match: str, call) -> None:
+    """``call`` launches without raising (index values are the kernel's to check, no host
+    sync), and the kernel's error record then says ``match`` (a DeviceIndexError, a ValueError)
+    at aiter_mla.check_errors(), which clears it."""
+    call()
+    with pytest.raises(aiter_mla.DeviceIndexError, match=match):
+        aiter_mla.check_errors()
+    aiter_mla.check_errors()   # cleared: nothing more to say
+
+
 @gpu
 @needs_gpu
 def test_input_errors(warm):
@@ -754,9 +712,10 @@ def test_input_errors(warm):
         return aiter_mla.mla_decode_fwd(**args)
 
     call()  # valid
+    aiter_mla.check_errors()
     q_short = c.q[:-1].contiguous()
-    with pytest.raises(ValueError, match="qo_indptr"):
-        call(q=q_short, o=o[:-1])
+    found_on_device(r"qo_indptr\[-1\] must equal the q rows \(query.shape\[0\] = 7\), got 8|work_info_set.*qo_indptr",
+                    lambda: call(q=q_short, o=o[:-1]))
     with pytest.raises(ValueError, match="final_output"):
         call(o=o[:-1])
     with pytest.raises(TypeError, match="final_output"):
@@ -776,10 +735,10 @@ def test_input_errors(warm):
     q_odd.copy_(c.q)
     with pytest.raises(ValueError, match="query must start at a 16-byte aligned address.*= 2"):
         call(q=q_odd)
-    with pytest.raises(ValueError, match="kv_last_page_lens"):
-        call(kv_last_page_lens=torch.tensor([0, 3], dtype=torch.int32, device="cuda"))
-    with pytest.raises(ValueError, match="kv_last_page_lens"):
-        call(kv_last_page_lens=torch.tensor([17, 3], dtype=torch.int32, device="cuda"))
+    found_on_device(r"kv_last_page_lens\[0\] = 0 must be in \[1, page_size=16\]",
+                    lambda: call(kv_last_page_lens=torch.tensor([0, 3], dtype=torch.int32, device="cuda")))
+    found_on_device(r"kv_last_page_lens\[0\] = 17 must be in \[1, page_size=16\]",
+                    lambda: call(kv_last_page_lens=torch.tensor([17, 3], dtype=torch.int32, device="cuda")))
     with pytest.raises(ValueError, match="page_size"):
         call(page_size=64)
     with pytest.raises(NotImplementedError, match="logit_cap"):
@@ -788,11 +747,75 @@ def test_input_errors(warm):
         call(kv_indptr=c.kv_indptr.long())
     bad = c.kv_indices.clone()
     bad[0] = 10_000
-    with pytest.raises(ValueError, match="kv_indices"):
-        call(kv_indices=bad)
+    found_on_device(rf"kv_indices\[0\] = 10000 is outside \[0, num_pages={c.kv.shape[0]}\)",
+                    lambda: call(kv_indices=bad))
     # q length 4 under a declared max of 2 ((16,2) is a supported shape): a tile would drop rows
-    with pytest.raises(ValueError, match="max_seqlen_q = 2 must be >= every q length; batch 0 has 4"):
-        call(max_seqlen_q=2)
+    found_on_device(r"max_seqlen_q = 2 must be >= every q length \(qo_indptr.*\); batch [01] has 4",
+                    lambda: call(max_seqlen_q=2))
+    call()   # the device is healthy after all of them: a valid call is right
+    aiter_mla.check_errors()
+
+
+#: One refill per index tensor (issue 22): (tensor, entry, bad value, the message it gets).
+#: The case: (128,1) fp8, page 16, kv_lens [40, 50, 33] -> kv_indptr [0, 3, 7, 10].
+REFILLS = {
+    "kv_indices": (4, 50_000_000, r"kv_indices\[4\] = 50000000 is outside \[0, num_pages=13\)"),
+    "kv_indptr": (1, 9, r"kv_indptr must be non-decreasing: kv_indptr\[2\] = 7 < kv_indptr\[1\] = 9"),
+    "kv_last_page_lens": (2, 17, r"kv_last_page_lens\[2\] = 17 must be in \[1, page_size=16\]"),
+    "qo_indptr": (3, 5, r"qo_indptr\[-1\] must equal the q rows \(query.shape\[0\] = 3\), got 5"
+                        r"|max_seqlen_q = 1 must be >= every q length \(qo_indptr.*\); batch 2 has 3"),
+}
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("flow", ["self_planned", "replanned", "stale_plan"])
+@pytest.mark.parametrize("name", list(REFILLS))
+def test_refilled_index_buffer_is_checked_on_the_device(warm, name, flow):
+    """An engine refills the same index tensor in place between steps. A bad value written that
+    way (a page id of 5e7, an indptr running backwards, a last-page length past the page, a q
+    indptr past the query) is found by the kernel of the next call, never used to address
+    memory, and reported naming the entry: at check_errors(), and, without it, by the next op
+    call, before that call launches anything. Flows: the op plans itself; the engine re-plans
+    (get_mla_metadata_v1) after the refill; the engine keeps the plan made before it. After the
+    value is restored, the same tensors give the right answer again."""
+    c = make_case(128, 1, 16, FP8, [40, 50, 33], seed=61)
+    assert c.kv.shape[0] == 13 and c.kv_indptr.tolist() == [0, 3, 7, 10]
+    bufs = plan(c) if flow != "self_planned" else None
+    o = torch.full((c.q.shape[0], c.heads, DV), float("nan"), dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        if flow == "self_planned":
+            return aiter_mla.mla_decode_fwd(
+                c.q, c.kv, o, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens, 1,
+                page_size=16, sm_scale=SM_SCALE, q_scale=c.q_scale, kv_scale=c.kv_scale,
+                return_lse=True)
+        if flow == "replanned":
+            fill_plan(c, bufs)
+        return decode_with(c, bufs, o)
+
+    _, lse = step()
+    aiter_mla.check_errors()
+    check(f"refill {name} ({flow}): before", c, o, lse)
+    t = getattr(c, name)
+    entry, value, match = REFILLS[name]
+    good = int(t[entry])
+    t[entry] = value                 # in place: same object, same storage
+    step()                           # launches: the values are the kernel's to check
+    with pytest.raises(aiter_mla.DeviceIndexError, match=match) as info:
+        aiter_mla.check_errors()
+    assert info.value.argument in (name, "max_seqlen_q")
+    t[entry] = value                 # again, and this time the next call reports it
+    step()
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=match):
+        step()
+    aiter_mla.check_errors()         # that call launched nothing and cleared the record
+    t[entry] = good
+    o.fill_(float("nan"))
+    _, lse = step()
+    aiter_mla.check_errors()
+    check(f"refill {name} ({flow}): restored", c, o, lse)
 
 
 @gpu
@@ -809,10 +832,12 @@ def test_schedule_with_more_lists_than_the_launch_is_refused(warm):
     split_out = torch.zeros((max(1, n_rows), 1, 128, DV), device="cuda")
     split_lse = torch.zeros((max(1, n_rows), 1, 128, 1), device="cuda")
     o = torch.zeros((c.q.shape[0], 128, DV), dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(ValueError, match=f"work_indptr\\[{clusters}\\] = .* must equal work_indptr\\[-1\\]"):
-        aiter_mla.hk_mla_decode_fwd(c.q, c.kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_lens,
-                                    work_indptr, work_info_set, 1, SM_SCALE, split_out, split_lse, o,
-                                    q_scale=c.q_scale, kv_scale=c.kv_scale)
+    found_on_device(
+        f"work_indptr\\[{clusters}\\] = 0 must equal work_indptr\\[-1\\] = {works}",
+        lambda: aiter_mla.hk_mla_decode_fwd(c.q, c.kv, c.qo_indptr, c.kv_indptr, c.kv_indices,
+                                            c.kv_last_page_lens, work_indptr, work_info_set, 1,
+                                            SM_SCALE, split_out, split_lse, o,
+                                            q_scale=c.q_scale, kv_scale=c.kv_scale))
 
 
 # ------------------------------------------------------------------------------------------
@@ -986,9 +1011,9 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
 @gpu
 @needs_gpu
 def test_per_call_path_does_each_thing_once(warm, monkeypatch):
-    """One mla_decode_fwd call computes its variant (decode_variant) and its work-list count
-    (arch.num_clusters) once, whether it plans itself or is given a plan (they ran 3 and up to 4
-    times before), and the result is still right."""
+    """A first mla_decode_fwd call on a buffer set computes its variant (decode_variant) and its
+    work-list count (arch.num_clusters) once, whether it plans itself or is given a plan; a warm
+    call with a plan computes neither (its checked launch is cached); and the results are right."""
     counts = {"decode_variant": 0, "num_clusters": 0}
     real_variant, real_clusters = dec.decode_variant, arch.num_clusters
 
@@ -1003,14 +1028,20 @@ def test_per_call_path_does_each_thing_once(warm, monkeypatch):
     c = make_case(128, 1, 64, FP8, [700, 1500])
     bufs = plan(c)                      # planned outside the counted calls
     o = torch.full((c.q.shape[0], c.heads, DV), float("nan"), dtype=torch.bfloat16, device="cuda")
-    decode_with(c, bufs, o)             # warm (first use of the variant)
     monkeypatch.setattr(dec, "decode_variant", counting_variant)
     monkeypatch.setattr(arch, "num_clusters", counting_clusters)
-    _logits, lse = decode_with(c, bufs, o)
+    _logits, lse = decode_with(c, bufs, o)   # first call on these buffers
     torch.cuda.synchronize()
     assert counts == {"decode_variant": 1, "num_clusters": 1}, counts
-    check("(128,1) given plan, counted", c, o, lse)
+    check("(128,1) given plan, first call, counted", c, o, lse)
+    counts.update(decode_variant=0, num_clusters=0)
+    o.fill_(float("nan"))
+    _logits, lse = decode_with(c, bufs, o)   # warm
+    torch.cuda.synchronize()
+    assert counts == {"decode_variant": 0, "num_clusters": 0}, counts
+    check("(128,1) given plan, warm, counted", c, o, lse)
     counts.update(decode_variant=0, num_clusters=0)
     o2, lse, _ = run_decode(c)          # plans itself
     assert counts == {"decode_variant": 1, "num_clusters": 1}, counts
     check("(128,1) self-planned, counted", c, o2, lse)
+    aiter_mla.check_errors()

@@ -20,22 +20,25 @@ most 32) run PV as an e4m3 wgmma with P rounded to e4m3, as AITER does; bf16 "ke
 rounds P to bf16. Measured on the H200 against float64 (the bench's check): relative L2 at
 most 1.2e-2 (fp8) and about 1.8e-3 (bf16).
 
-Eager input checks are skipped while a CUDA graph is being captured and under torch.compile.
-Index *values* (qo_indptr, kv_indptr, kv_indices, kv_last_page_lens) live on the device, so
-checking them costs one device-to-host read; it is done once per distinct set of index tensors
-(keyed by their storage, their in-place version counters and the tensor objects themselves), so
-the many layers of one decode step that share the same indices pay it once, and CUDA-graph
-replays pay nothing. Writes that bypass torch's version counter (a Triton or custom kernel, a
-numpy or DLPack view) into a tensor already checked are not seen: callers that fill index
-buffers that way must keep the values in range, or pass fresh tensor objects.
+Checks (docs/DESIGN.md §4.2, §5.13). The host checks shapes, dtypes, devices, layouts and the
+plan record once per buffer set and keeps the filled launch (:class:`Prepared`) in an identity
+cache: a warm call with the same long-lived tensors (kv_buffer, the index tensors, the plan, the
+scales and any split buffers, by object and data pointer) and a q / o of the same shape, dtype and
+device is a key, a lookup and the launches, with no device synchronisation. Index *values*
+(qo_indptr, kv_indptr, kv_indices, kv_last_page_lens and the schedule's records) are checked by
+the decode kernel, on the device, every call: a bad value is never used to address memory, and it
+surfaces as :class:`aiter_mla.ops.errors.DeviceIndexError` (a ValueError naming the argument and
+the entry) at the next op call on that device or at :func:`aiter_mla.check_errors`. An index
+buffer refilled in place between calls (as engines do every step) is checked again by the kernel
+that reads it. A tensor whose shape or storage is changed in place (``resize_``, ``set_``,
+``as_strided_``) after a call must be passed as a new tensor object. Host checks are skipped
+while a CUDA graph is being captured (the kernel's checks still run).
 """
 from __future__ import annotations
 
 import ctypes
 import math
 import operator
-import threading
-import weakref
 from typing import Optional
 
 import torch
@@ -43,9 +46,8 @@ import torch
 from .. import arch
 from ..arch import QK_HEAD_DIM, V_HEAD_DIM
 from ..work_info import KERNEL_DTYPES, WORK_INFO_INTS
-from . import launch, metadata
+from . import errors, launch, metadata, reduce
 from .launch import raw_stream
-from .reduce import mla_reduce_v1
 
 __all__ = [
     "SUPPORTED_SHAPES",
@@ -90,16 +92,19 @@ _DEFAULT_SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
 
 _ptr, _i64, _int = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
 
-#: ``aiter_mla_decode`` of templates/mla_decode.cu.j2, parameter by parameter (the row counts
-#: its tensor maps need, ``kv_rows`` and ``q_rows``, and the byte sizes of work_info_set and
-#: kv_indices for its L2 prefetch). ``_launch`` passes its arguments in this order.
+#: ``aiter_mla_decode`` of templates/mla_decode.cu.j2: a ``DecodeArgs`` pointer (``fixed``: the
+#: buffers that stay, the sizes every index is checked against, the error record; filled once
+#: per buffer set), then the per-call buffers and the stream.
 SIGNATURE = launch.Signature("aiter_mla_decode", (
-    ("q", _ptr), ("kv", _ptr), ("kv_rows", _i64), ("kv_indices", _ptr),
-    ("kv_last_page_lens", _ptr), ("work_indptr", _ptr), ("work_info", _ptr), ("out", _ptr),
-    ("final_lse", _ptr), ("split_out", _ptr), ("split_lse", _ptr), ("q_scale", _ptr),
-    ("kv_scale", _ptr), ("sm_scale", ctypes.c_float), ("num_heads", _int),
-    ("num_clusters", _int), ("grid_x", _int), ("device", _int), ("stream", _ptr),
-    ("q_rows", _i64), ("work_info_bytes", _i64), ("kv_indices_bytes", _i64)))
+    ("q", _ptr), ("out", _ptr), ("final_lse", _ptr), ("split_out", _ptr), ("split_lse", _ptr),
+    ("stream", _ptr)), fixed=(
+    ("kv", _ptr), ("kv_rows", _i64), ("num_pages", _i64), ("kv_indices", _ptr),
+    ("kv_indices_len", _i64), ("kv_last_page_lens", _ptr), ("qo_indptr", _ptr),
+    ("kv_indptr", _ptr), ("work_indptr", _ptr), ("work_indptr_len", _i64), ("work_info", _ptr),
+    ("num_works", _i64), ("q_scale", _ptr), ("kv_scale", _ptr), ("q_rows", _i64),
+    ("split_tokens", _i64), ("error_claim", _ptr), ("error_record", _ptr),
+    ("sm_scale", ctypes.c_float), ("num_heads", _int), ("num_clusters", _int), ("grid_x", _int),
+    ("num_batches", _int), ("total_q", _int), ("max_seqlen_q", _int), ("device", _int)))
 
 
 def _decode_module(variant: tuple, _device_index: int):
@@ -111,8 +116,8 @@ def _decode_module(variant: tuple, _device_index: int):
 #: Loaded aiter_mla_decode per (variant = tuple(decode_variant(...).items()), device).
 _entry_points = launch.EntryPoints(SIGNATURE, _decode_module)
 _launched: set[tuple[str, int]] = set()      # (module key, device) launched at least once
-_validated: dict[tuple, tuple] = {}           # index-tensor sets whose values were checked -> their weakrefs
-_lock = threading.Lock()
+#: Checked launches (:class:`Prepared`) by what decides their checks (``_key``).
+_prepared = launch.IdentityCache()
 
 
 def _supported_text() -> str:
@@ -228,76 +233,6 @@ def _check_scale(t, name: str, device: torch.device) -> None:
         raise ValueError(f"{name} must hold 1 element (per-tensor scale), got shape {tuple(t.shape)}")
 
 
-def _index_key(*ts: torch.Tensor) -> tuple:
-    return tuple((t.data_ptr(), t._version, t.numel()) for t in ts)
-
-
-def _check_index_values(qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, total_q: int,
-                        num_pages: int, page_size: int, max_seqlen_q: int, work_indptr,
-                        clusters: int) -> None:
-    """One device->host read validating index values; cached per (tensors, versions). A hit
-    also needs the very tensor objects checked before (weak references): a new tensor that the
-    allocator placed at a freed one's address has the same pointer and version 0, and its
-    values were never checked."""
-    tensors = (qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr)
-    key = _index_key(*tensors) + (total_q, num_pages, page_size, max_seqlen_q, clusters)
-    refs = _validated.get(key)
-    if refs is not None and all(r() is t for r, t in zip(refs, tensors)):
-        return
-    B = qo_indptr.numel() - 1
-    pages = kv_indptr[1:] - kv_indptr[:-1]
-    last = kv_last_page_lens[:B]
-    idx_pos = torch.arange(kv_indices.numel(), device=kv_indices.device)
-    bad_idx = (idx_pos < kv_indptr[-1]) & ((kv_indices < 0) | (kv_indices >= num_pages))
-    stats = torch.stack([
-        qo_indptr[0].long(), qo_indptr[-1].long(),
-        (qo_indptr[1:] < qo_indptr[:-1]).sum(),
-        kv_indptr[0].long(), kv_indptr[-1].long(),
-        (pages < 0).sum(),
-        ((pages > 0) & ((last < 1) | (last > page_size))).sum(),
-        bad_idx.sum(),
-        (bad_idx.cumsum(0) == 0).sum(),   # position of the first bad index
-        ((qo_indptr[1:] - qo_indptr[:-1]) > max_seqlen_q).sum(),
-        ((qo_indptr[1:] - qo_indptr[:-1]) <= max_seqlen_q).cumprod(0).sum(),   # first long batch
-        work_indptr[clusters].long(), work_indptr[-1].long(),
-    ]).tolist()
-    q0, qend, q_desc, k0, kend, k_desc, bad_last, n_bad_idx, first_bad, n_long, first_long, w_run, w_all = stats
-    if q0 != 0:
-        raise ValueError(f"qo_indptr[0] must be 0, got {q0}")
-    if qend != total_q:
-        raise ValueError(f"qo_indptr[-1] must equal the q rows (query.shape[0] = {total_q}), got {qend}")
-    if q_desc:
-        raise ValueError("qo_indptr must be non-decreasing")
-    if n_long:
-        # a kernel tile holds max_seqlen_q tokens of a batch: longer ones would lose rows
-        b = int(first_long)
-        raise ValueError(f"max_seqlen_q = {max_seqlen_q} must be >= every q length; batch {b} has "
-                         f"{int(qo_indptr[b + 1] - qo_indptr[b])} ({n_long} batch(es) longer)")
-    if w_run != w_all:
-        raise ValueError(f"work_indptr[{clusters}] = {w_run} must equal work_indptr[-1] = {w_all}: the "
-                         f"launch runs arch.num_clusters = {clusters} work lists, and works past them "
-                         f"would never run (a schedule planned for another list count or CU_NUM?)")
-    if k0 != 0:
-        raise ValueError(f"kv_indptr[0] must be 0, got {k0}")
-    if k_desc:
-        raise ValueError("kv_indptr must be non-decreasing")
-    if kend > kv_indices.numel():
-        raise ValueError(f"kv_indptr[-1] = {kend} exceeds len(kv_indices) = {kv_indices.numel()}")
-    if bad_last:
-        lasts = last.tolist()
-        pg = pages.tolist()
-        b = next(i for i in range(B) if pg[i] > 0 and not 1 <= lasts[i] <= page_size)
-        raise ValueError(f"kv_last_page_lens[{b}] = {lasts[b]} must be in [1, page_size={page_size}] "
-                         f"for a batch with {pg[b]} page(s)")
-    if n_bad_idx:
-        raise ValueError(f"kv_indices[{first_bad}] = {int(kv_indices[first_bad])} is outside "
-                         f"[0, num_pages={num_pages}) ({n_bad_idx} bad entries in use)")
-    with _lock:
-        if len(_validated) > 4096:
-            _validated.clear()
-        _validated[key] = tuple(weakref.ref(t) for t in tensors)
-
-
 def _check_indptr_len(work_indptr, clusters: int) -> None:
     if work_indptr.numel() < clusters + 1:
         raise ValueError(f"work_indptr must hold num_clusters + 1 = {clusters + 1} entries "
@@ -327,92 +262,14 @@ def _check_plan(work_info_set, work_indptr, num_heads: int, max_seqlen_q: int, p
 # launch
 
 
-def _launch(query, kv_buffer, kv_indices, kv_last_page_lens, work_indptr, work_info_set,
-            split_output, split_lse, final_output, final_lse, q_scale, kv_scale,
-            max_seqlen_q: int, softmax_scale: float, params: Optional[dict] = None,
-            clusters: Optional[int] = None, capturing: Optional[bool] = None) -> None:
-    """One call of aiter_mla_decode. ``params`` / ``clusters``: the variant and work-list count
-    the caller computed this call (work_indptr's length checked against ``clusters``); None
-    (hk_mla_decode_fwd under capture, the torch.compile op) computes them here and checks that
-    length, the one check the kernel's reads depend on."""
-    device = query.device
-    num_heads = int(query.shape[1])
-    if params is None:
-        params = decode_variant(num_heads, max_seqlen_q, int(kv_buffer.shape[1]), query.dtype,
-                                kv_buffer.dtype)
-    if clusters is None:
-        clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device)
-        _check_indptr_len(work_indptr, clusters)
-    if capturing is None:
-        capturing = _capturing(device)
-    index = device.index
-    module, fn = _entry_points.get(tuple(params.items()), index)
-    if capturing and (module.key, index) not in _launched:
-        raise RuntimeError(
-            f"mla decode variant {params} is used for the first time on {device} while a CUDA "
-            "graph is being captured; run the op once outside the capture (warm-up) first")
-
-    def ptr(t):
-        return None if t is None else t.data_ptr()
-
-    kv_shape = kv_buffer.shape
-    rc = fn(ptr(query),                                            # q
-            ptr(kv_buffer),                                        # kv
-            int(kv_shape[0]) * int(kv_shape[1]),                   # kv_rows
-            ptr(kv_indices),                                       # kv_indices
-            ptr(kv_last_page_lens),                                # kv_last_page_lens
-            ptr(work_indptr),                                      # work_indptr
-            ptr(work_info_set),                                    # work_info
-            ptr(final_output),                                     # out
-            ptr(final_lse),                                        # final_lse
-            ptr(split_output),                                     # split_out
-            ptr(split_lse),                                        # split_lse
-            ptr(q_scale),                                          # q_scale
-            ptr(kv_scale),                                         # kv_scale
-            float(softmax_scale),                                  # sm_scale
-            num_heads,                                             # num_heads
-            clusters,                                              # num_clusters
-            launch_grid_x(params, clusters),                       # grid_x
-            index,                                                 # device
-            raw_stream(index),                                     # stream
-            int(query.shape[0]) * num_heads,                       # q_rows
-            work_info_set.numel() * work_info_set.element_size(),  # work_info_bytes
-            kv_indices.numel() * kv_indices.element_size())        # kv_indices_bytes
-    if rc != 0:
-        module.check(rc, "mla decode launch")
-    if not capturing:
-        _launched.add((module.key, index))
-
-
-@torch.library.custom_op(
-    "aiter_mla::hk_mla_decode_fwd",
-    mutates_args=("split_output", "split_lse", "final_output", "final_lse"),
-    device_types="cuda",
-)
-def _hk_mla_decode_op(query: torch.Tensor, kv_buffer: torch.Tensor, kv_page_indices: torch.Tensor,
-                      kv_last_page_lens: torch.Tensor, work_indptr: torch.Tensor,
-                      work_info_set: torch.Tensor, max_seqlen_q: int, softmax_scale: float,
-                      split_output: torch.Tensor, split_lse: torch.Tensor, final_output: torch.Tensor,
-                      q_scale: Optional[torch.Tensor], kv_scale: Optional[torch.Tensor],
-                      final_lse: Optional[torch.Tensor]) -> None:
-    _launch(query, kv_buffer, kv_page_indices, kv_last_page_lens, work_indptr, work_info_set,
-            split_output, split_lse, final_output, final_lse, q_scale, kv_scale, max_seqlen_q,
-            softmax_scale)
-
-
-@_hk_mla_decode_op.register_fake
-def _(query, kv_buffer, kv_page_indices, kv_last_page_lens, work_indptr, work_info_set,
-      max_seqlen_q, softmax_scale, split_output, split_lse, final_output, q_scale, kv_scale,
-      final_lse) -> None:
-    return None
-
-
 def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
               work_indptr, work_info_set, max_seqlen_q, split_output, split_lse, final_output,
               q_scale, kv_scale, final_lse, params: Optional[dict] = None,
               clusters: Optional[int] = None) -> tuple[dict, int]:
-    """The eager checks of one call; returns (variant params, work-list count). ``params`` /
-    ``clusters``: what ``mla_decode_fwd`` already computed for this call (then not again)."""
+    """The host checks of a call's shapes, dtypes, devices, layouts and plan; returns (variant
+    params, work-list count). ``params`` / ``clusters``: what ``mla_decode_fwd`` already
+    computed for this call (then not again). Index *values* are the kernel's to check
+    (``errors``)."""
     if not isinstance(query, torch.Tensor):
         raise TypeError(f"query must be a torch.Tensor, got {type(query).__name__}")
     device = query.device
@@ -474,9 +331,142 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
         clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device)
     _check_plan(work_info_set, work_indptr, num_heads, max_seqlen_q, page_size, batch, clusters)
     _check_indptr_len(work_indptr, clusters)
-    _check_index_values(qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, total_q,
-                        int(kv_buffer.shape[0]), page_size, max_seqlen_q, work_indptr, clusters)
     return params, clusters
+
+
+
+# ---------------------------------------------------------------------------------------------
+# launch: checked once per buffer set (Prepared, cached in _prepared), then a warm call is a key,
+# a lookup and the launches (docs/DESIGN.md §4.2)
+
+
+class Prepared:
+    """A checked decode launch: the loaded entry point and its filled ``DecodeArgs``, the
+    device's error record, the split buffers' shapes, and (for ``mla_decode_fwd``) the reduce
+    launch. ``plan_key`` / ``plan``: the plan record the checks saw (``metadata._plans``);
+    a warm call requires it unchanged."""
+
+    __slots__ = ("module", "fn", "args", "addr", "index", "sink", "split_shape", "lse_shape",
+                 "reduce", "plan_key", "plan", "device")
+
+    def launch(self, q_ptr: int, out_ptr: int, final_lse_ptr, split_ptr: int, split_lse_ptr: int) -> None:
+        rc = self.fn(self.addr, q_ptr, out_ptr, final_lse_ptr, split_ptr, split_lse_ptr,
+                     raw_stream(self.index))
+        if rc != 0:
+            self.module.check(rc, "mla decode launch")
+
+
+def _prepare(query, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr,
+             work_info_set, max_seqlen_q, softmax_scale, split_output, split_lse, final_output,
+             q_scale, kv_scale, final_lse, params=None, clusters=None, validate=True) -> Prepared:
+    """Check a call (``_validate``, unless ``validate`` is False: CUDA-graph capture) and fill
+    its launch. RuntimeError when a variant never launched is first used inside a capture."""
+    device = query.device
+    capturing = _capturing(device)
+    if validate and not capturing:
+        params, clusters = _validate(
+            query, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr,
+            work_info_set, max_seqlen_q, split_output, split_lse, final_output, q_scale,
+            kv_scale, final_lse, params, clusters)
+    num_heads = int(query.shape[1])
+    max_seqlen_q = int(max_seqlen_q)
+    if params is None:
+        params = decode_variant(num_heads, max_seqlen_q, int(kv_buffer.shape[1]), query.dtype,
+                                kv_buffer.dtype)
+    if clusters is None:
+        clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device)
+        _check_indptr_len(work_indptr, clusters)   # the one check the kernel's reads depend on
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    module, fn = _entry_points.get(tuple(params.items()), index)
+    if capturing and (module.key, index) not in _launched:
+        raise RuntimeError(
+            f"mla decode variant {params} is used for the first time on {device} while a CUDA "
+            "graph is being captured; run the op once outside the capture (warm-up) first")
+    sink = errors.sink(index)
+    kv_shape = kv_buffer.shape
+
+    def ptr(t):
+        return None if t is None else t.data_ptr()
+
+    p = Prepared()
+    p.module, p.fn, p.index, p.sink, p.device = module, fn, index, sink, device
+    p.args = SIGNATURE.pack(
+        kv=kv_buffer.data_ptr(), kv_rows=int(kv_shape[0]) * int(kv_shape[1]),
+        num_pages=int(kv_shape[0]), kv_indices=kv_indices.data_ptr(),
+        kv_indices_len=kv_indices.numel(), kv_last_page_lens=kv_last_page_lens.data_ptr(),
+        qo_indptr=qo_indptr.data_ptr(), kv_indptr=kv_indptr.data_ptr(),
+        work_indptr=work_indptr.data_ptr(), work_indptr_len=work_indptr.numel(),
+        work_info=work_info_set.data_ptr(), num_works=int(work_info_set.shape[0]),
+        q_scale=ptr(q_scale), kv_scale=ptr(kv_scale),
+        q_rows=int(query.shape[0]) * num_heads,
+        split_tokens=split_output.numel() // (num_heads * V_HEAD_DIM),
+        error_claim=sink.claim_ptr, error_record=sink.record_ptr,
+        sm_scale=float(softmax_scale), num_heads=num_heads, num_clusters=clusters,
+        grid_x=launch_grid_x(params, clusters), num_batches=qo_indptr.numel() - 1,
+        total_q=int(query.shape[0]), max_seqlen_q=max_seqlen_q, device=index)
+    p.addr = ctypes.addressof(p.args)
+    p.split_shape, p.lse_shape = tuple(split_output.shape), tuple(split_lse.shape)
+    p.reduce = None
+    p.plan_key = metadata._plan_key(work_info_set)
+    p.plan = metadata._plans.get(p.plan_key)
+    return p
+
+
+def _launch_first(p: Prepared, *ptrs) -> None:
+    """The first launch of a Prepared (outside a capture): a variant launched once may be
+    captured later."""
+    p.launch(*ptrs)
+    _launched.add((p.module.key, p.index))
+
+
+def _key(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr,
+         work_info_set, q_scale, kv_scale, split_output, split_lse, final_lse, rest) -> tuple:
+    """What decides a call's checks and fixed arguments: the per-call tensors (q, o) by shape,
+    dtype and device; the long-lived ones by object and data pointer (``IdentityCache``);
+    ``rest``: the scalars. AttributeError / TypeError for a non-tensor (the checks name it)."""
+    return (q.shape, q.dtype, q.device, o.shape, o.dtype, o.device,
+            id(kv_buffer), kv_buffer.data_ptr(), kv_buffer.shape,
+            id(qo_indptr), qo_indptr.data_ptr(), id(kv_indptr), kv_indptr.data_ptr(),
+            id(kv_indices), kv_indices.data_ptr(), id(kv_last_page_lens), kv_last_page_lens.data_ptr(),
+            id(work_indptr), work_indptr.data_ptr(), id(work_info_set), work_info_set.data_ptr(),
+            id(q_scale), None if q_scale is None else q_scale.data_ptr(),
+            id(kv_scale), None if kv_scale is None else kv_scale.data_ptr(),
+            id(split_output), id(split_lse), id(final_lse)) + rest
+
+
+def _is_warm(p: Optional[Prepared], q, o) -> bool:
+    """Whether the looked-up launch ``p`` serves this call: found, checked against the plan
+    record that is current, and this call's q / o contiguous and aligned (what a key cannot
+    hold). Then a bad value an earlier kernel found is raised first (errors.DeviceIndexError)."""
+    if (p is None or metadata._plans.get(p.plan_key) is not p.plan or q.data_ptr() & 15
+            or not q.is_contiguous() or not o.is_contiguous()):
+        return False
+    p.sink.raise_pending()
+    return True
+
+
+@torch.library.custom_op(
+    "aiter_mla::hk_mla_decode_fwd",
+    mutates_args=("split_output", "split_lse", "final_output", "final_lse"),
+    device_types="cuda",
+)
+def _hk_mla_decode_op(query: torch.Tensor, kv_buffer: torch.Tensor, qo_indptr: torch.Tensor,
+                      kv_indptr: torch.Tensor, kv_page_indices: torch.Tensor,
+                      kv_last_page_lens: torch.Tensor, work_indptr: torch.Tensor,
+                      work_info_set: torch.Tensor, max_seqlen_q: int, softmax_scale: float,
+                      split_output: torch.Tensor, split_lse: torch.Tensor, final_output: torch.Tensor,
+                      q_scale: Optional[torch.Tensor], kv_scale: Optional[torch.Tensor],
+                      final_lse: Optional[torch.Tensor]) -> None:
+    _hk_decode(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
+               work_indptr, work_info_set, max_seqlen_q, softmax_scale, split_output, split_lse,
+               final_output, q_scale, kv_scale, final_lse)
+
+
+@_hk_mla_decode_op.register_fake
+def _(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, work_indptr,
+      work_info_set, max_seqlen_q, softmax_scale, split_output, split_lse, final_output, q_scale,
+      kv_scale, final_lse) -> None:
+    return None
 
 
 def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
@@ -506,8 +496,10 @@ def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, k
 
     Returns None (outputs are written in place).
 
-    Raises TypeError / ValueError naming the argument for bad dtypes, devices, layouts, shapes or
-    index values (eager only), NotImplementedError for unsupported shapes/dtypes, RuntimeError
+    Raises TypeError / ValueError naming the argument for bad dtypes, devices, layouts or shapes
+    (eager only), :class:`aiter_mla.ops.errors.DeviceIndexError` (a ValueError) for a bad index
+    value an earlier call's kernel found on this device (the module docstring says when),
+    NotImplementedError for unsupported shapes/dtypes, RuntimeError
     when the launch fails or a never-launched variant is first used inside CUDA-graph capture,
     and the JIT errors of :func:`aiter_mla.jit.get_module` on a variant's first use in a process
     (all RuntimeError subclasses: ToolchainError, BuildError, CacheNotWritableError,
@@ -517,36 +509,45 @@ def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, k
     docs/DESIGN.md §5.7-§5.9 and §5.11, plus the fixes of
     docs/DESIGN.md §8.1, §8.2, §8.4 and §8.6 (honoured scales).
     """
-    _decode(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
-            work_indptr, work_info_set, max_seqlen_q, softmax_scale, split_output, split_lse,
-            final_output, q_scale, kv_scale, final_lse)
+    if torch.compiler.is_compiling():
+        torch.ops.aiter_mla.hk_mla_decode_fwd(
+            query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
+            work_indptr, work_info_set, int(max_seqlen_q), float(softmax_scale), split_output,
+            split_lse, final_output, q_scale, kv_scale, final_lse)
+        return None
+    _hk_decode(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
+               work_indptr, work_info_set, max_seqlen_q, softmax_scale, split_output, split_lse,
+               final_output, q_scale, kv_scale, final_lse)
     return None
 
 
-def _decode(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
-            work_indptr, work_info_set, max_seqlen_q, softmax_scale, split_output, split_lse,
-            final_output, q_scale, kv_scale, final_lse, params=None, clusters=None) -> None:
-    """hk_mla_decode_fwd's work; ``params`` / ``clusters`` as ``mla_decode_fwd`` computed them
-    (None: computed here, once)."""
-    if not torch.compiler.is_compiling():
-        _require_cuda("query", query)
-        capturing = _capturing(query.device)
-        if not capturing:
-            params, clusters = _validate(
-                query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
-                work_indptr, work_info_set, max_seqlen_q, split_output, split_lse, final_output,
-                q_scale, kv_scale, final_lse, params, clusters)
-        elif clusters is not None:   # capture: of the skipped checks, the one the kernel's reads need
-            _check_indptr_len(work_indptr, clusters)
-        # Eager: straight to the launch (the custom-op dispatcher costs host time).
-        _launch(query, kv_buffer, kv_page_indices, kv_last_page_lens, work_indptr, work_info_set,
-                split_output, split_lse, final_output, final_lse, q_scale, kv_scale,
-                int(max_seqlen_q), float(softmax_scale), params, clusters, capturing)
+def _hk_decode(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
+               work_indptr, work_info_set, max_seqlen_q, softmax_scale, split_output, split_lse,
+               final_output, q_scale, kv_scale, final_lse) -> None:
+    _require_cuda("query", query)
+    try:
+        key = ("hk",) + _key(query, kv_buffer, final_output, qo_indptr, kv_indptr, kv_page_indices,
+                             kv_last_page_lens, work_indptr, work_info_set, q_scale, kv_scale,
+                             split_output, split_lse, final_lse, (max_seqlen_q, softmax_scale))
+        p = _prepared.entries.get(key)
+    except (AttributeError, TypeError):   # a non-tensor, or an unhashable scalar
+        key = p = None
+    if _is_warm(p, query, final_output):
+        p.launch(query.data_ptr(), final_output.data_ptr(),
+                 None if final_lse is None else final_lse.data_ptr(), split_output.data_ptr(),
+                 split_lse.data_ptr())
         return
-    torch.ops.aiter_mla.hk_mla_decode_fwd(query, kv_buffer, kv_page_indices, kv_last_page_lens,
-                                          work_indptr, work_info_set, int(max_seqlen_q),
-                                          float(softmax_scale), split_output, split_lse,
-                                          final_output, q_scale, kv_scale, final_lse)
+    p = _prepare(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
+                 work_indptr, work_info_set, max_seqlen_q, softmax_scale, split_output,
+                 split_lse, final_output, q_scale, kv_scale, final_lse)
+    p.sink.raise_pending()
+    _launch_first(p, query.data_ptr(), final_output.data_ptr(),
+                  None if final_lse is None else final_lse.data_ptr(), split_output.data_ptr(),
+                  split_lse.data_ptr())
+    if key is not None and not _capturing(query.device):
+        _prepared.put(key, p, (kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
+                               work_indptr, work_info_set, q_scale, kv_scale, split_output,
+                               split_lse, final_lse))
 
 
 def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
@@ -554,7 +555,8 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
                    num_kv_splits=None, num_kv_splits_indptr=None, work_meta_data=None,
                    work_indptr=None, work_info_set=None, reduce_indptr=None, reduce_final_map=None,
                    reduce_partial_map=None, q_scale=None, kv_scale=None, intra_batch_mode=False,
-                   return_logits=False, return_lse=False):
+                   return_logits=False, return_lse=False, *, logits=None, attn_lse=None,
+                   final_lse=None):
     """MLA decode attention, AITER's public entry (``aiter.mla.mla_decode_fwd``, persistent mode).
 
     Writes ``o`` in place. When ``work_meta_data`` is None the schedule is planned here
@@ -575,13 +577,25 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
         q_scale, kv_scale: optional [1] fp32 per-tensor scales (honoured).
         return_logits: kept for AITER compatibility (logits are always returned).
         return_lse: also return final_lse [total_q, H] fp32 (natural log; +inf for no key).
+        logits, attn_lse (keyword only, not in AITER): the split buffers, [N, 1, H, 512] and
+            [N, 1, H, 1] fp32 with N = reduce_partial_map.shape[0] * max_seqlen_q, given together
+            and reused call after call. AITER's signature returns freshly allocated ones: two
+            ``torch.empty`` a call (a few microseconds of host time, docs/perf/host_path_h200.md);
+            giving them makes the call allocate nothing.
+        final_lse (keyword only): with return_lse, a [total_q, H] fp32 buffer to write instead of
+            allocating one.
 
     Returns:
-        (logits, final_lse): logits = the fp32 split-partial buffer [N, 1, H, 512] (AITER);
-        final_lse = [total_q, H] fp32 when return_lse else None.
+        (logits, final_lse): logits = the fp32 split-partial buffer [N, 1, H, 512] (AITER; the
+        one given, if any); final_lse = [total_q, H] fp32 when return_lse else None.
+
+    Host time, warm (the same plan and long-lived tensors as an earlier call): no checks re-run,
+    no device synchronisation; bad index values are the kernel's to find (module docstring).
 
     Raises ValueError / TypeError naming the argument, NotImplementedError for unsupported
-    shapes or dtypes (listing what is supported), RuntimeError when a launch (metadata, decode
+    shapes or dtypes (listing what is supported), :class:`aiter_mla.ops.errors.DeviceIndexError`
+    (a ValueError) for a bad index value an earlier call's kernel found on this device (raised
+    before this call launches anything), RuntimeError when a launch (metadata, decode
     or reduce) fails or a variant is first used inside CUDA-graph capture, and the
     JIT errors of :func:`aiter_mla.jit.get_module` on a variant's first use in a process (all
     RuntimeError subclasses: ToolchainError, BuildError, CacheNotWritableError,
@@ -591,6 +605,53 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     head folding: every supported shape runs natively, which avoids the (64,2) fold mismatch,
     docs/DESIGN.md §8.5).
     """
+    if work_meta_data is not None and not torch.compiler.is_compiling():
+        # Warm path: a caller-made plan whose checks passed before (module docstring).
+        try:
+            key = _key(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
+                       work_indptr, work_info_set, q_scale, kv_scale, logits, attn_lse,
+                       final_lse, (id(reduce_indptr), reduce_indptr.data_ptr(),
+                                   id(reduce_final_map), reduce_final_map.data_ptr(),
+                                   id(reduce_partial_map), reduce_partial_map.data_ptr(),
+                                   max_seqlen_q, page_size, nhead_kv, sm_scale, logit_cap,
+                                   return_lse))
+            p = _prepared.entries.get(key)
+        except (AttributeError, TypeError):   # a non-tensor, or an unhashable scalar
+            key = p = None
+        if _is_warm(p, q, o):
+            if logits is None:   # AITER returns fresh split buffers: two allocations a call
+                logits = torch.empty(p.split_shape, dtype=torch.float32, device=p.device)
+                attn_lse = torch.empty(p.lse_shape, dtype=torch.float32, device=p.device)
+            if return_lse and final_lse is None:
+                final_lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=p.device)
+            elif not return_lse:
+                final_lse = None
+            o_ptr = o.data_ptr()
+            lse_ptr = None if final_lse is None else final_lse.data_ptr()
+            split_ptr, split_lse_ptr = logits.data_ptr(), attn_lse.data_ptr()
+            p.launch(q.data_ptr(), o_ptr, lse_ptr, split_ptr, split_lse_ptr)
+            p.reduce.launch(split_ptr, split_lse_ptr, o_ptr, lse_ptr)
+            return logits, final_lse
+        return _mla_decode_fwd_cold(
+            q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
+            page_size, nhead_kv, sm_scale, logit_cap, work_meta_data, work_indptr,
+            work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map, q_scale,
+            kv_scale, return_lse, logits, attn_lse, final_lse, key)
+    return _mla_decode_fwd_cold(
+        q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
+        page_size, nhead_kv, sm_scale, logit_cap, work_meta_data, work_indptr, work_info_set,
+        reduce_indptr, reduce_final_map, reduce_partial_map, q_scale, kv_scale, return_lse,
+        logits, attn_lse, final_lse, None)
+
+
+def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
+                         max_seqlen_q, page_size, nhead_kv, sm_scale, logit_cap, work_meta_data,
+                         work_indptr, work_info_set, reduce_indptr, reduce_final_map,
+                         reduce_partial_map, q_scale, kv_scale, return_lse, logits, attn_lse,
+                         final_lse, key):
+    """mla_decode_fwd's first call on a buffer set (and every self-planned call): every check,
+    the plan when none is given, the launches; with a ``key``, the checked launch is kept for
+    the warm path."""
     for name, t in (("q", q), ("kv_buffer", kv_buffer)):   # a non-tensor is a TypeError, as in the other ops
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -612,8 +673,7 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
         raise ValueError(f"page_size={page_size} does not match kv_buffer.shape[1]={kv_buffer.shape[1]}")
     total_q, num_heads = int(q.shape[0]), int(q.shape[1])
     # Once per call: the variant (the plan's checks, the decode's checks and its launch use it)
-    # and the work-list count (computed by the plan when there is one, else by the checks or,
-    # when they are skipped, the launch).
+    # and the work-list count (computed by the plan when there is one, else by the checks).
     params = decode_variant(num_heads, max_seqlen_q, page_size, q.dtype, kv_buffer.dtype)
     device = q.device
     clusters = None
@@ -637,21 +697,69 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
             max_seqlen_qo=max_seqlen_q, uni_seqlen_qo=max_seqlen_q, fast_mode=True, topk=-1,
             max_split_per_batch=-1, intra_batch_mode=False, dtype_q=q.dtype,
             dtype_kv=kv_buffer.dtype, num_clusters=clusters)
+        key = None   # fresh plan buffers: nothing to keep
     else:
         for name, t in (("work_indptr", work_indptr), ("work_info_set", work_info_set),
                         ("reduce_indptr", reduce_indptr), ("reduce_final_map", reduce_final_map),
                         ("reduce_partial_map", reduce_partial_map)):
             if t is None:
                 raise ValueError(f"{name} must be given with work_meta_data (persistent mode)")
+        for name, t in (("reduce_indptr", reduce_indptr), ("reduce_final_map", reduce_final_map),
+                        ("reduce_partial_map", reduce_partial_map)):
+            _check_tensor(t, name, torch.int32, device)
 
     n_partial = int(reduce_partial_map.shape[0]) * max_seqlen_q
-    logits = torch.empty((n_partial, 1, num_heads, V_HEAD_DIM), dtype=torch.float32, device=device)
-    attn_lse = torch.empty((n_partial, 1, num_heads, 1), dtype=torch.float32, device=device)
-    final_lse = torch.empty((total_q, num_heads), dtype=torch.float32, device=device) if return_lse else None
+    split_shape = (n_partial, 1, num_heads, V_HEAD_DIM)
+    if (logits is None) != (attn_lse is None):
+        raise ValueError("logits and attn_lse must be given together (the split buffers), got "
+                         f"logits={'a tensor' if logits is not None else None}, "
+                         f"attn_lse={'a tensor' if attn_lse is not None else None}")
+    given = logits is not None
+    if given:
+        for name, t, shape in (("logits", logits, split_shape),
+                               ("attn_lse", attn_lse, (n_partial, 1, num_heads, 1))):
+            _check_tensor(t, name, torch.float32, device)
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name} must be {list(shape)} (reduce_partial_map entries x "
+                                 f"max_seqlen_q, 1, heads, ...), got {tuple(t.shape)}")
+    else:
+        logits = torch.empty(split_shape, dtype=torch.float32, device=device)
+        attn_lse = torch.empty((n_partial, 1, num_heads, 1), dtype=torch.float32, device=device)
+    if final_lse is not None:
+        if not return_lse:
+            raise ValueError("final_lse is given but return_lse is False: pass return_lse=True")
+        _check_tensor(final_lse, "final_lse", torch.float32, device)
+        if tuple(final_lse.shape) != (total_q, num_heads):
+            raise ValueError(f"final_lse must be [{total_q}, {num_heads}], got {tuple(final_lse.shape)}")
+    lse_given = final_lse is not None
+    if not lse_given and return_lse:
+        final_lse = torch.empty((total_q, num_heads), dtype=torch.float32, device=device)
 
-    _decode(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr,
-            work_info_set, max_seqlen_q, sm_scale, logits, attn_lse, o, q_scale, kv_scale,
-            final_lse, params, clusters)
-    mla_reduce_v1(logits, attn_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
-                  max_seqlen_q, o, final_lse)
+    if torch.compiler.is_compiling():   # the ops as graph nodes; their bodies run the eager path
+        torch.ops.aiter_mla.hk_mla_decode_fwd(
+            q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr,
+            work_info_set, max_seqlen_q, float(sm_scale), logits, attn_lse, o, q_scale, kv_scale,
+            final_lse)
+        torch.ops.aiter_mla.mla_reduce_v1(logits, attn_lse, reduce_indptr, reduce_final_map,
+                                          reduce_partial_map, max_seqlen_q, o, final_lse)
+        return logits, final_lse
+    p = _prepare(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr,
+                 work_info_set, max_seqlen_q, sm_scale, logits, attn_lse, o, q_scale, kv_scale,
+                 final_lse, params, clusters)
+    capturing = _capturing(device)
+    if not capturing:
+        reduce._check(logits, attn_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
+                      max_seqlen_q, o, final_lse)
+    p.reduce = reduce.prepare(logits, reduce_indptr, reduce_final_map, reduce_partial_map,
+                              max_seqlen_q, o, final_lse)
+    p.sink.raise_pending()
+    o_ptr, lse_ptr = o.data_ptr(), None if final_lse is None else final_lse.data_ptr()
+    _launch_first(p, q.data_ptr(), o_ptr, lse_ptr, logits.data_ptr(), attn_lse.data_ptr())
+    p.reduce.launch(logits.data_ptr(), attn_lse.data_ptr(), o_ptr, lse_ptr)
+    if key is not None and not capturing:
+        _prepared.put(key, p, (kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
+                               work_indptr, work_info_set, q_scale, kv_scale,
+                               logits if given else None, attn_lse if given else None,
+                               final_lse if lse_given else None,
+                               reduce_indptr, reduce_final_map, reduce_partial_map))
     return logits, final_lse

@@ -10,6 +10,8 @@ they launch); ``raw_stream`` is bound on first use.
 from __future__ import annotations
 
 import ctypes
+import threading
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
@@ -19,21 +21,44 @@ from ..jit import core as _jit_core
 class Signature:
     """A C entry point's signature: ``symbol``, ``fields`` = ((C parameter name, ctypes type),
     ...) in the C order, and ``restype``. ``names`` and ``argtypes`` derive from ``fields``;
-    a call site passes its arguments positionally in this order."""
+    a call site passes its arguments positionally in this order.
 
-    __slots__ = ("symbol", "fields", "names", "argtypes", "restype")
+    ``fixed``, when given, is the entry's first parameter: a pointer to a C struct with these
+    fields, in this order (``Args``, a ctypes Structure). Those are the arguments that stay the
+    same call after call on the same buffers, so an op fills one ``Args`` per buffer set and a
+    warm call converts only the per-call ``fields`` (a ctypes argument costs about 0.1 us; the
+    decode launch had 22). The C side exports ``<symbol>_args_bytes()`` = sizeof(struct),
+    checked against ``ctypes.sizeof(Args)`` when the entry point is loaded."""
 
-    def __init__(self, symbol: str, fields, restype=ctypes.c_int):
+    __slots__ = ("symbol", "fields", "names", "argtypes", "restype", "fixed", "Args")
+
+    def __init__(self, symbol: str, fields, restype=ctypes.c_int, fixed=None):
         self.symbol = symbol
         self.fields = tuple((str(name), ctype) for name, ctype in fields)
+        self.fixed = None if fixed is None else tuple((str(name), ctype) for name, ctype in fixed)
         self.names = tuple(name for name, _ in self.fields)
-        self.argtypes = tuple(ctype for _, ctype in self.fields)
+        self.argtypes = ((ctypes.c_void_p,) if self.fixed else ()) + tuple(t for _, t in self.fields)
         self.restype = restype
-        if len(set(self.names)) != len(self.names):
-            raise ValueError(f"{symbol}: repeated parameter name in {self.names}")
+        for what, group in (("parameter", self.fields), ("field", self.fixed or ())):
+            names = [name for name, _ in group]
+            if len(set(names)) != len(names):
+                raise ValueError(f"{symbol}: repeated {what} name in {tuple(names)}")
+        self.Args = None
+        if self.fixed:
+            self.Args = type(f"{symbol}_args", (ctypes.Structure,), {"_fields_": list(self.fixed)})
+
+    def pack(self, **values):
+        """An ``Args`` with every fixed field set (KeyError naming a missing or unknown one)."""
+        names = {name for name, _ in self.fixed}
+        missing, unknown = names - values.keys(), values.keys() - names
+        if missing or unknown:
+            raise KeyError(f"{self.symbol} args: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        return self.Args(**values)
 
     def __repr__(self) -> str:
         args = ", ".join(f"{t.__name__} {n}" for n, t in self.fields)
+        if self.fixed:
+            args = f"const {self.symbol}_args*, " + args
         return f"Signature({self.restype.__name__} {self.symbol}({args}))"
 
 
@@ -66,9 +91,58 @@ class EntryPoints:
         if loaded is None:
             module = self._module_for(key, device_index)
             s = self.signature
+            if s.fixed:
+                size = module.function(s.symbol + "_args_bytes", (), ctypes.c_longlong)()
+                if size != ctypes.sizeof(s.Args):
+                    raise RuntimeError(
+                        f"{s.symbol}: the module's argument struct is {size} bytes, the op's "
+                        f"{ctypes.sizeof(s.Args)}: the template and the op's SIGNATURE disagree")
             loaded = Loaded(module, module.function(s.symbol, s.argtypes, s.restype))
             loaded = self._loaded.setdefault((key, device_index), loaded)
         return loaded
+
+
+class IdentityCache:
+    """Checked launches, keyed by tuples that hold the caller's long-lived tensors by ``id()``
+    (and their data pointers) and the per-call ones by shape, strides, dtype and device: a warm
+    call looks its checks up instead of running them (docs/DESIGN.md §4.2).
+
+    An entry lives until one of the tensors its key names by id is freed (a weak reference's
+    callback drops it, so a live key's ids always name the objects that were checked), until
+    :func:`aiter_mla.jit.reset_state` (the values hold loaded entry points), or until the cache
+    reaches ``limit`` entries (it then starts over). Lookups are ``cache.entries.get(key)``.
+    """
+
+    def __init__(self, limit: int = 4096):
+        self.entries: dict = {}
+        self._refs: dict = {}
+        self.limit = limit
+        self._lock = threading.RLock()   # a callback may run inside put (a collection)
+        _jit_core.on_reset(self.clear)
+
+    def put(self, key, value, tensors) -> None:
+        """Store ``value`` under ``key``; ``tensors``: the objects ``key`` holds by id (None
+        entries are skipped)."""
+        def drop(_ref, key=key, cache=self):
+            with cache._lock:
+                cache.entries.pop(key, None)
+                cache._refs.pop(key, None)
+
+        refs = tuple(weakref.ref(t, drop) for t in tensors if t is not None)
+        with self._lock:
+            if len(self.entries) >= self.limit:
+                self.entries.clear()
+                self._refs.clear()
+            self.entries[key] = value
+            self._refs[key] = refs
+
+    def clear(self) -> None:
+        with self._lock:
+            self.entries.clear()
+            self._refs.clear()
+
+    def __len__(self) -> int:
+        return len(self.entries)
 
 
 def device_arch(device_index: int) -> str:

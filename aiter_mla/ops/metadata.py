@@ -297,9 +297,10 @@ def _check_buffer(t, name: str, dtype, min_rows: int, cols: int | None, device,
 
 _vp, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
-#: ``aiter_mla_get_metadata_v1`` of templates/mla_metadata.cu.j2 (capacities, then B, C, N,
-#: page size, G, OVH, tail threshold, device, stream).
-SIGNATURE = launch.Signature("aiter_mla_get_metadata_v1", (
+#: ``aiter_mla_get_metadata_v1`` of templates/mla_metadata.cu.j2: a ``MetadataArgs`` pointer
+#: (``fixed``: the buffers, their capacities, then B, C, N, page size, G, OVH, tail threshold,
+#: device; filled once per buffer set), then the stream.
+SIGNATURE = launch.Signature("aiter_mla_get_metadata_v1", (("stream", _vp),), fixed=(
     ("qo_indptr", _vp), ("kv_indptr", _vp), ("kv_last_page_lens", _vp),
     ("work_metadata_ptrs", _vp), ("work_indptr", _vp), ("work_info_set", _vp),
     ("reduce_indptr", _vp), ("reduce_final_map", _vp), ("reduce_partial_map", _vp),
@@ -307,7 +308,7 @@ SIGNATURE = launch.Signature("aiter_mla_get_metadata_v1", (
     ("cap_final_map", _i64), ("cap_partial_map", _i64),
     ("num_batches", _i32), ("num_clusters", _i32), ("num_splits", _i32), ("page_size", _i32),
     ("kv_granularity", _i32), ("overhead", _i32), ("tail_threshold", _i32),
-    ("device", _i32), ("stream", _vp)))
+    ("device", _i32)))
 
 
 def _metadata_module(_key, device_index: int):
@@ -317,6 +318,7 @@ def _metadata_module(_key, device_index: int):
 
 
 _entry_points = launch.EntryPoints(SIGNATURE, _metadata_module)   # one variant per device
+_prepared = launch.IdentityCache()   # checked launches (Prepared) by buffers and arguments
 
 
 def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
@@ -379,6 +381,27 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
     ``num_clusters``: the work-list count when the caller has it (the decode op computes it
     once per call), else ``arch.num_clusters`` of the heads, q length and device."""
     import torch
+
+    # Warm: the same buffers (by object and data pointer) and arguments as a checked call
+    # before: one lookup, the launch, the plan record again (launch.IdentityCache).
+    try:
+        key = (id(seqlens_qo_indptr), seqlens_qo_indptr.data_ptr(), id(seqlens_kv_indptr),
+               seqlens_kv_indptr.data_ptr(), id(kv_last_page_lens), kv_last_page_lens.data_ptr(),
+               id(work_metadata_ptrs), work_metadata_ptrs.data_ptr(), id(work_info_set),
+               work_info_set.data_ptr(), id(work_indptr), work_indptr.data_ptr(),
+               id(reduce_indptr), reduce_indptr.data_ptr(), id(reduce_final_map),
+               reduce_final_map.data_ptr(), id(reduce_partial_map), reduce_partial_map.data_ptr(),
+               num_heads_per_head_k, num_heads_k, page_size, kv_granularity, max_seqlen_qo,
+               uni_seqlen_qo, fast_mode, topk, max_split_per_batch, intra_batch_mode, dtype_q,
+               dtype_kv, num_clusters)
+        warm = _prepared.entries.get(key)
+    except (AttributeError, TypeError):   # a non-tensor, or an unhashable argument
+        key = warm = None
+    if warm is not None:
+        warm.sink.raise_pending()
+        warm.launch()
+        _plans[warm.plan_key] = warm.plan
+        return
 
     _unsupported_modes(is_sparse=bool(topk is not None and topk >= 0), fast_mode=fast_mode,
                        intra_batch_mode=intra_batch_mode)
@@ -447,11 +470,15 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
     _check_buffer(reduce_partial_map, "reduce_partial_map", torch.int32,
                   max_partial_entries(nb, nsplit), None, device, sizing)
 
+    prepared = None
     if device.type == "cuda":
-        _launch(device, seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
-                work_metadata_ptrs, work_info_set, work_indptr, reduce_indptr, reduce_final_map,
-                reduce_partial_map, nb=nb, nc=nc, nsplit=nsplit, page_size=page_size,
-                kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo)
+        prepared = _prepare(device, seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
+                            work_metadata_ptrs, work_info_set, work_indptr, reduce_indptr,
+                            reduce_final_map, reduce_partial_map, nb=nb, nc=nc, nsplit=nsplit,
+                            page_size=page_size, kv_granularity=kv_granularity,
+                            max_seqlen_qo=max_seqlen_qo)
+        prepared.sink.raise_pending()
+        prepared.launch()
     elif device.type == "cpu":
         sched = reference_schedule(
             seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
@@ -469,25 +496,52 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
                  kv_granularity=kv_granularity, batch_size=nb, num_clusters=nc,
                  num_splits=nsplit, dtype_q=dtype_q if dtype_q is not None else torch.bfloat16,
                  dtype_kv=dtype_kv if dtype_kv is not None else torch.bfloat16)
+    if prepared is not None and key is not None and not torch.cuda.is_current_stream_capturing():
+        prepared.plan_key = _plan_key(work_info_set)
+        prepared.plan = _plans[prepared.plan_key]
+        _prepared.put(key, prepared, (seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
+                                      work_metadata_ptrs, work_info_set, work_indptr,
+                                      reduce_indptr, reduce_final_map, reduce_partial_map))
 
 
-def _launch(device, qo_indptr, kv_indptr, kv_last_page_lens, work_metadata_ptrs, work_info_set,
-            work_indptr, reduce_indptr, reduce_final_map, reduce_partial_map, *, nb, nc, nsplit,
-            page_size, kv_granularity, max_seqlen_qo) -> None:
+class Prepared:
+    """A checked metadata launch: the loaded entry point, its filled ``MetadataArgs``, the
+    device's error record, and the plan record it writes (re-recorded on every warm call, the
+    same object, so that the decode op's warm path sees an unchanged plan)."""
+
+    __slots__ = ("module", "fn", "args", "addr", "index", "sink", "plan_key", "plan")
+
+    def launch(self) -> None:
+        rc = self.fn(self.addr, launch.raw_stream(self.index))
+        if rc != 0:
+            self.module.check(rc, "mla_metadata kernel launch")
+
+
+def _prepare(device, qo_indptr, kv_indptr, kv_last_page_lens, work_metadata_ptrs, work_info_set,
+             work_indptr, reduce_indptr, reduce_final_map, reduce_partial_map, *, nb, nc, nsplit,
+             page_size, kv_granularity, max_seqlen_qo) -> Prepared:
+    from . import errors
+
     if device.index is not None:
         index = device.index
     else:
         import torch
 
         index = torch.cuda.current_device()
-    module, fn = _entry_points.get(None, index)
-    rc = fn(   # SIGNATURE's order
-        qo_indptr.data_ptr(), kv_indptr.data_ptr(), kv_last_page_lens.data_ptr(),
-        work_metadata_ptrs.data_ptr(), work_indptr.data_ptr(), work_info_set.data_ptr(),
-        reduce_indptr.data_ptr(), reduce_final_map.data_ptr(), reduce_partial_map.data_ptr(),
-        work_indptr.numel(), work_info_set.shape[0], reduce_indptr.numel(),
-        reduce_final_map.shape[0], reduce_partial_map.numel(),
-        nb, nc, nsplit, page_size, kv_granularity, overhead_blocks(page_size), max_seqlen_qo,
-        index, launch.raw_stream(index))
-    if rc != 0:
-        module.check(rc, "mla_metadata kernel launch")
+    p = Prepared()
+    p.module, p.fn = _entry_points.get(None, index)
+    p.index, p.sink = index, errors.sink(index)
+    p.args = SIGNATURE.pack(
+        qo_indptr=qo_indptr.data_ptr(), kv_indptr=kv_indptr.data_ptr(),
+        kv_last_page_lens=kv_last_page_lens.data_ptr(),
+        work_metadata_ptrs=work_metadata_ptrs.data_ptr(), work_indptr=work_indptr.data_ptr(),
+        work_info_set=work_info_set.data_ptr(), reduce_indptr=reduce_indptr.data_ptr(),
+        reduce_final_map=reduce_final_map.data_ptr(),
+        reduce_partial_map=reduce_partial_map.data_ptr(), cap_work_indptr=work_indptr.numel(),
+        cap_works=work_info_set.shape[0], cap_reduce_indptr=reduce_indptr.numel(),
+        cap_final_map=reduce_final_map.shape[0], cap_partial_map=reduce_partial_map.numel(),
+        num_batches=nb, num_clusters=nc, num_splits=nsplit, page_size=page_size,
+        kv_granularity=kv_granularity, overhead=overhead_blocks(page_size),
+        tail_threshold=max_seqlen_qo, device=index)
+    p.addr = ctypes.addressof(p.args)
+    return p

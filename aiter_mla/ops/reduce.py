@@ -13,21 +13,23 @@ from typing import Optional
 import torch
 
 from ..arch import V_HEAD_DIM
-from . import launch
+from . import errors, launch
 from .launch import raw_stream
 
 __all__ = ["mla_reduce_v1"]
 
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 
-#: ``aiter_mla_reduce_v1`` of templates/mla_reduce.cu.j2.
+#: ``aiter_mla_reduce_v1`` of templates/mla_reduce.cu.j2: a ``ReduceArgs`` pointer (``fixed``,
+#: filled once per schedule and output layout), then the per-call buffers and the stream.
 SIGNATURE = launch.Signature("aiter_mla_reduce_v1", (
-    ("partial_output", _P), ("partial_lse", _P), ("reduce_indptr", _P),
-    ("reduce_final_map", _P), ("reduce_partial_map", _P), ("final_output", _P),
-    ("final_lse", _P), ("out_stride_s", _I64), ("out_stride_h", _I64), ("out_stride_d", _I64),
+    ("partial_output", _P), ("partial_lse", _P), ("final_output", _P), ("final_lse", _P),
+    ("stream", _P)), fixed=(
+    ("reduce_indptr", _P), ("reduce_final_map", _P), ("reduce_partial_map", _P),
+    ("out_stride_s", _I64), ("out_stride_h", _I64), ("out_stride_d", _I64),
     ("lse_stride_s", _I64), ("lse_stride_h", _I64), ("num_partial_rows", _I64),
     ("partial_map_len", _I64), ("total_q", _I32), ("num_heads", _I32), ("num_tiles", _I32),
-    ("max_seqlen_q", _I32), ("device", ctypes.c_int), ("stream", _P)))
+    ("max_seqlen_q", _I32), ("device", _I32)))
 
 
 def _reduce_module(_key, device_index: int):
@@ -101,30 +103,79 @@ def _check(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_
                   tuple(final_lse.shape))
 
 
-def _launch(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
-            max_seqlen_q, final_output, final_lse) -> None:
-    # Checks read only metadata (no sync) but cost host time; a captured graph skips them.
-    capturing = (isinstance(partial_output, torch.Tensor) and partial_output.is_cuda
-                 and torch.cuda.is_current_stream_capturing())
-    if not capturing:
-        _check(partial_output, partial_lse, reduce_indptr, reduce_final_map,
-               reduce_partial_map, max_seqlen_q, final_output, final_lse)
-    index = partial_output.device.index
-    module, fn = _entry_points.get(None, index)
-    po_shape = partial_output.shape
+class Prepared:
+    """A checked reduce launch: the loaded entry point, its filled ``ReduceArgs`` and the
+    device's error record. ``launch(...)`` runs it on the current stream."""
+
+    __slots__ = ("module", "fn", "args", "addr", "index", "sink")
+
+    def __init__(self, args, index: int):
+        self.module, self.fn = _entry_points.get(None, index)
+        self.args, self.addr, self.index = args, ctypes.addressof(args), index
+        self.sink = errors.sink(index)
+
+    def launch(self, partial_output_ptr: int, partial_lse_ptr: int, final_output_ptr: int,
+               final_lse_ptr) -> None:
+        rc = self.fn(self.addr, partial_output_ptr, partial_lse_ptr, final_output_ptr,
+                     final_lse_ptr, raw_stream(self.index))
+        if rc != 0:
+            self.module.check(rc, "mla_reduce_v1: launch")
+
+
+def prepare(partial_output, reduce_indptr, reduce_final_map, reduce_partial_map, max_seqlen_q,
+            final_output, final_lse) -> Prepared:
+    """The launch for tensors that passed ``_check`` (the decode op calls this with its own
+    buffers, already checked)."""
     so, sh, sd = final_output.stride()
     ls, lh = final_lse.stride() if final_lse is not None else (0, 0)
-    rc = fn(   # SIGNATURE's order
-        partial_output.data_ptr(), partial_lse.data_ptr(), reduce_indptr.data_ptr(),
-        reduce_final_map.data_ptr() if reduce_final_map is not None else None,
-        reduce_partial_map.data_ptr(), final_output.data_ptr(),
-        final_lse.data_ptr() if final_lse is not None else None,
-        so, sh, sd, ls, lh,
-        po_shape[0], reduce_partial_map.numel(),
-        final_output.shape[0], po_shape[-2], reduce_indptr.numel() - 1, max_seqlen_q,
-        index, raw_stream(index))
-    if rc != 0:
-        module.check(rc, "mla_reduce_v1: launch")
+    po_shape = partial_output.shape
+    args = SIGNATURE.pack(
+        reduce_indptr=reduce_indptr.data_ptr(),
+        reduce_final_map=reduce_final_map.data_ptr() if reduce_final_map is not None else None,
+        reduce_partial_map=reduce_partial_map.data_ptr(), out_stride_s=so, out_stride_h=sh,
+        out_stride_d=sd, lse_stride_s=ls, lse_stride_h=lh, num_partial_rows=po_shape[0],
+        partial_map_len=reduce_partial_map.numel(), total_q=final_output.shape[0],
+        num_heads=po_shape[-2], num_tiles=reduce_indptr.numel() - 1, max_seqlen_q=max_seqlen_q,
+        device=partial_output.device.index)
+    return Prepared(args, partial_output.device.index)
+
+
+#: Checked launches of the public op, by what decides the checks.
+_prepared = launch.IdentityCache()
+
+
+def _meta(t) -> tuple:
+    # what the checks of a per-call tensor depend on (its data pointer only by alignment)
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
+
+
+def _launch(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
+            max_seqlen_q, final_output, final_lse) -> None:
+    # Warm: the checks of this call's shapes, dtypes, devices and schedule tensors passed before
+    # (the schedule tensors by identity: their object and data pointer), so a dict lookup
+    # replaces them. Checks read only metadata (no sync); a captured graph skips them too.
+    try:
+        key = (_meta(partial_output), _meta(partial_lse), _meta(final_output),
+               None if final_lse is None else _meta(final_lse), max_seqlen_q,
+               id(reduce_indptr), reduce_indptr.data_ptr(), id(reduce_final_map),
+               None if reduce_final_map is None else reduce_final_map.data_ptr(),
+               id(reduce_partial_map), reduce_partial_map.data_ptr())
+    except (AttributeError, TypeError):   # not tensors: the checks say which
+        key = None
+    prep = _prepared.entries.get(key) if key is not None else None
+    if prep is None:
+        capturing = (isinstance(partial_output, torch.Tensor) and partial_output.is_cuda
+                     and torch.cuda.is_current_stream_capturing())
+        if not capturing:
+            _check(partial_output, partial_lse, reduce_indptr, reduce_final_map,
+                   reduce_partial_map, max_seqlen_q, final_output, final_lse)
+        prep = prepare(partial_output, reduce_indptr, reduce_final_map, reduce_partial_map,
+                       max_seqlen_q, final_output, final_lse)
+        if not capturing and key is not None:
+            _prepared.put(key, prep, (reduce_indptr, reduce_final_map, reduce_partial_map))
+    prep.sink.raise_pending()
+    prep.launch(partial_output.data_ptr(), partial_lse.data_ptr(), final_output.data_ptr(),
+                final_lse.data_ptr() if final_lse is not None else None)
 
 
 @torch.library.custom_op("aiter_mla::mla_reduce_v1", mutates_args=("final_output", "final_lse"))

@@ -332,8 +332,8 @@ __device__ __forceinline__ void produce_groups(uint32_t dst, const uint8_t* cons
 // 2 x 256 contiguous bytes of shared memory.
 template <class C>
 __device__ __forceinline__ void produce_kv_tile(uint8_t* smem, int stage, const uint8_t* __restrict__ kv,
-                                                const int* __restrict__ kv_indices, int tok0, int kv_tok_end,
-                                                int lane) {
+                                                const PageTable& pages, int tok0, int kv_tok_end,
+                                                int lane, bool& bad_page) {
   static_assert(C::kChunksPerRow % 4 == 0 && C::BN % 8 == 0, "chunks split into (cp, h, lo)");
   const int h = lane >> 4, r8 = (lane >> 1) & 7, lo = lane & 1;
   const uint32_t dst = smem_addr(smem + C::kOffKv + stage * C::kStageBytes) + (2 * h + lo) * 128 + r8 * 16;
@@ -345,7 +345,7 @@ __device__ __forceinline__ void produce_kv_tile(uint8_t* smem, int stage, const 
     ok[g] = v < kv_tok_end;
     src[g] = kv;
     if (ok[g]) {
-      src[g] = kv + kv_pool_row<C>(kv_indices, v) * (int64_t)C::kRowBytes + (2 * h + lo) * 16;
+      src[g] = kv + kv_pool_row<C>(pages, v, bad_page) * (int64_t)C::kRowBytes + (2 * h + lo) * 16;
     }
   }
   produce_groups<C, 0>(dst, src, ok);
@@ -376,8 +376,8 @@ __device__ __forceinline__ void tma_load_box(uint32_t dst, const void* map, int 
 template <class C>
 __device__ __forceinline__ void produce_kv_tile_tma(uint32_t stage_addr, uint32_t bar_full, uint32_t bar_empty,
                                                     uint32_t empty_parity, const void* map,
-                                                    const int* __restrict__ kv_indices, int tok0, int kv_tok_end,
-                                                    int lane, bool wait_q) {
+                                                    const PageTable& page_table, int tok0, int kv_tok_end,
+                                                    int lane, bool wait_q, bool& bad_page) {
   constexpr int kBlocks = C::kRowBytes / 64;                  // 64-byte column blocks (fp8 9, bf16 18)
   constexpr int kMaxBoxes = (C::BN / C::kTmaRows) * kBlocks;  // <= 144 (bf16, page_size 8)
   const int pages = (min(C::BN, kv_tok_end - tok0) + C::kTmaRows - 1) / C::kTmaRows;
@@ -389,7 +389,7 @@ __device__ __forceinline__ void produce_kv_tile_tma(uint32_t stage_addr, uint32_
     row[i] = 0;
     if (b < boxes) {
       const int v = tok0 + (b / kBlocks) * C::kTmaRows;
-      row[i] = static_cast<int>(kv_pool_row<C>(kv_indices, v));
+      row[i] = static_cast<int>(kv_pool_row<C>(page_table, v, bad_page));
     }
   }
   AITER_MLA_STAMP(kProduceIssue);

@@ -1,0 +1,140 @@
+"""Host time per warm eager call of the three ops (``aiter-mla bench`` reports it; the same
+code times an older tree, since it calls only the public ops).
+
+Method: one small problem (batch 1, 64 tokens, page 64), so the GPU finishes each call long
+before the host issues the next and the loop's time is the ops' own host time. Every op is
+called first until its modules are built and loaded (no build runs while timing); then ``reps``
+rounds of ``calls`` calls each, timed with ``time.perf_counter``, median round reported in µs
+per call. ``mla_decode_fwd`` is timed with a caller-made plan and caller-given output, both with
+AITER's freshly allocated split buffers (``alloc``) and, where the op takes them, with
+caller-given ones (``no_alloc``).
+"""
+from __future__ import annotations
+
+import inspect
+import statistics
+import time
+
+
+def _rounds(fn, calls: int, reps: int) -> dict:
+    import torch
+
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return {"us": statistics.median(per_call), "rounds_us": per_call}
+
+
+def host_times(heads: int = 128, dtype: str = "fp8", calls: int = 200, reps: int = 7,
+               device: str = "cuda", progress=None) -> dict:
+    """Host µs per warm call: ``get_mla_metadata_v1``, ``mla_decode_fwd`` (alloc / no_alloc),
+    ``mla_reduce_v1``, and their shape; ``progress(name, figures)`` is called after each.
+    Raises RuntimeError without a GPU."""
+    import torch
+
+    import aiter_mla
+    from aiter_mla.ops import metadata
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("host_times needs a CUDA GPU")
+    dt = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}[dtype]
+    B, ctx, P, qlen = 1, 64, 64, 1
+    i32 = dict(dtype=torch.int32, device=device)
+    g = torch.Generator(device="cpu").manual_seed(7)
+    kv = torch.randn(4, P, 1, 576, generator=g).to(device).to(dt)
+    q = torch.randn(B * qlen, heads, 576, generator=g).to(device).to(dt)
+    o = torch.empty(B * qlen, heads, 512, dtype=torch.bfloat16, device=device)
+    qo_indptr = torch.arange(B + 1, **i32) * qlen
+    kv_indptr = torch.arange(B + 1, **i32)
+    kv_indices = torch.arange(B, **i32)
+    last = torch.full((B,), ctx, **i32)
+    info = metadata.get_mla_metadata_info_v1(B, qlen, heads, dt, dt, is_sparse=False, fast_mode=True)
+    bufs = [torch.empty(shape, dtype=d, device=device) for shape, d in info]
+    (wmd, work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map) = bufs
+    gran = metadata.default_kv_granularity(P)
+
+    def plan():
+        aiter_mla.get_mla_metadata_v1(
+            qo_indptr, kv_indptr, last, heads, 1, True, wmd, work_info_set, work_indptr,
+            reduce_indptr, reduce_final_map, reduce_partial_map, page_size=P,
+            kv_granularity=gran, max_seqlen_qo=qlen, uni_seqlen_qo=qlen, fast_mode=True,
+            dtype_q=dt, dtype_kv=dt)
+
+    plan()
+    kw = dict(page_size=P, work_meta_data=wmd, work_indptr=work_indptr,
+              work_info_set=work_info_set, reduce_indptr=reduce_indptr,
+              reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map)
+
+    def decode(**extra):
+        return aiter_mla.mla_decode_fwd(q, kv, o, qo_indptr, kv_indptr, kv_indices, last, qlen,
+                                        **kw, **extra)
+
+    logits, _ = decode()
+    attn_lse = torch.empty(tuple(logits.shape[:-1]) + (1,), dtype=torch.float32, device=device)
+    out = {"shape": {"heads": heads, "qlen": qlen, "batch": B, "ctx": ctx, "page_size": P,
+                     "dtype": dtype}, "calls": calls, "reps": reps}
+    def reduce():
+        aiter_mla.mla_reduce_v1(logits, attn_lse, reduce_indptr, reduce_final_map,
+                                reduce_partial_map, qlen, o, None)
+
+    timed = [("get_mla_metadata_v1", plan), ("mla_decode_fwd_alloc", decode)]
+    if "logits" in inspect.signature(aiter_mla.mla_decode_fwd).parameters:
+        timed.append(("mla_decode_fwd_no_alloc", lambda: decode(logits=logits, attn_lse=attn_lse)))
+    timed.append(("mla_reduce_v1", reduce))
+    for name, fn in timed:
+        out[name] = _rounds(fn, calls, reps)
+        if progress:
+            progress(name, out[name])
+    out["launch_floor"] = _launch_floor(decode, logits, attn_lse, q, o, calls, reps)
+    if progress:
+        progress("launch_floor", out["launch_floor"])
+    torch.cuda.synchronize()
+    return out
+
+
+def _launch_floor(decode, logits, attn_lse, q, o, calls: int, reps: int):
+    """µs of the two prepared launches alone (ctypes + the CUDA launches), where this tree's
+    decode op keeps prepared launches (else None): what a warm call costs beyond its key."""
+    try:
+        from aiter_mla.ops import decode as dec
+    except ImportError:
+        return None
+    cache = getattr(dec, "_prepared", None)
+    if cache is None or not hasattr(cache, "entries"):
+        return None
+    decode(logits=logits, attn_lse=attn_lse)
+    prepared = [p for p in cache.entries.values() if p.reduce is not None]
+    if not prepared:
+        return None
+    p = prepared[-1]
+    ptrs = (q.data_ptr(), o.data_ptr(), None, logits.data_ptr(), attn_lse.data_ptr())
+
+    def both():
+        p.launch(*ptrs)
+        p.reduce.launch(ptrs[3], ptrs[4], ptrs[1], None)
+
+    return _rounds(both, calls, reps)
+
+
+def main() -> None:
+    """``python -m aiter_mla.bench.host_time [OUT.json]``: print the figures (and write them)."""
+    import json
+    import sys
+
+    res = host_times(progress=lambda name, r: print(f"{name:26s} {r['us']:8.2f} us/call" if r
+                                                      else f"{name:26s} -", flush=True))
+    text = json.dumps(res, indent=1)
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()

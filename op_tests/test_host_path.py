@@ -1,0 +1,210 @@
+"""The warm eager host path of the three ops, counted (CPU; issue 22).
+
+A warm call (the same long-lived tensors as a checked call before) must do a fixed, small amount
+of host work: no check re-run, no device-to-host read, no allocation where the caller gave the
+buffers, one launch per kernel. The GPU parts are replaced by recording stand-ins, the cache entry
+is the one a checked call would have stored (built here with the op's own key function), and
+``sys.setprofile`` records every Python and C function the call enters.
+"""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from aiter_mla.ops import decode as dec
+from aiter_mla.ops import metadata, reduce
+
+#: C functions a warm call must never reach: device reads (syncs), allocation, checks' helpers.
+FORBIDDEN_C = {"tolist", "item", "cpu", "synchronize", "is_current_stream_capturing",
+               "current_device", "get_device_properties", "nonzero", "any", "all"}
+
+
+class _Sink:
+    """The error record's host side, as the warm path reads it (no error recorded)."""
+
+    def __init__(self):
+        self.words = [0] * 8
+        self.raised = 0
+
+    def raise_pending(self):
+        self.raised += 1
+
+
+def _profile(fn):
+    """(Python functions called, C functions called) by ``fn()``, by name, in order."""
+    py, c = [], []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            py.append(frame.f_code.co_name)
+        elif event == "c_call":
+            c.append(getattr(arg, "__name__", repr(arg)))
+
+    sys.setprofile(prof)
+    try:
+        out = fn()
+    finally:
+        sys.setprofile(None)
+    return out, py, c
+
+
+def _launcher(log, name):
+    def fn(*args):
+        log.append((name, args))
+        return 0
+    return fn
+
+
+def _case(heads=128, total_q=4, batch=4, pages=8, page_size=64):
+    i32 = dict(dtype=torch.int32)
+    t = dict(
+        q=torch.zeros(total_q, heads, 576, dtype=torch.bfloat16),
+        kv_buffer=torch.zeros(pages, page_size, 1, 576, dtype=torch.bfloat16),
+        o=torch.zeros(total_q, heads, 512, dtype=torch.bfloat16),
+        qo_indptr=torch.arange(batch + 1, **i32), kv_indptr=torch.arange(batch + 1, **i32) * 2,
+        kv_indices=torch.arange(pages, **i32), kv_last_page_lens=torch.full((batch,), 5, **i32),
+        work_meta_data=torch.zeros(2, dtype=torch.uint64), work_indptr=torch.zeros(9, **i32),
+        work_info_set=torch.zeros(11, 8, **i32), reduce_indptr=torch.zeros(batch + 1, **i32),
+        reduce_final_map=torch.zeros(batch, 2, **i32), reduce_partial_map=torch.zeros(14, **i32))
+    t["logits"] = torch.zeros(14, 1, heads, 512)
+    t["attn_lse"] = torch.zeros(14, 1, heads, 1)
+    return t
+
+
+def _warm_decode_entry(t, log, given: bool, return_lse: bool):
+    """Store the Prepared a checked mla_decode_fwd call would have left for these tensors."""
+    p = dec.Prepared()
+    p.module, p.fn, p.index, p.sink, p.device = None, _launcher(log, "decode"), 0, _Sink(), t["q"].device
+    p.args, p.addr = None, 0x1000
+    p.split_shape, p.lse_shape = tuple(t["logits"].shape), tuple(t["attn_lse"].shape)
+    p.plan_key, p.plan = ("test", 0, 1), None
+    r = reduce.Prepared.__new__(reduce.Prepared)
+    r.module, r.fn, r.args, r.addr, r.index, r.sink = None, _launcher(log, "reduce"), None, 0x2000, 0, p.sink
+    p.reduce = r
+    logits, attn_lse = (t["logits"], t["attn_lse"]) if given else (None, None)
+    key = dec._key(t["q"], t["kv_buffer"], t["o"], t["qo_indptr"], t["kv_indptr"], t["kv_indices"],
+                   t["kv_last_page_lens"], t["work_indptr"], t["work_info_set"], None, None,
+                   logits, attn_lse, None,
+                   (id(t["reduce_indptr"]), t["reduce_indptr"].data_ptr(),
+                    id(t["reduce_final_map"]), t["reduce_final_map"].data_ptr(),
+                    id(t["reduce_partial_map"]), t["reduce_partial_map"].data_ptr(),
+                    1, 64, 1, None, 0.0, return_lse))
+    dec._prepared.put(key, p, [v for k, v in t.items() if k not in ("q", "o")])
+    return p
+
+
+@pytest.fixture
+def no_gpu_stream(monkeypatch):
+    monkeypatch.setattr(dec, "raw_stream", lambda index: 0xABC)
+    monkeypatch.setattr(reduce, "raw_stream", lambda index: 0xABC)
+    yield
+    dec._prepared.clear()
+    reduce._prepared.clear()
+    metadata._prepared.clear()
+
+
+def _call_decode(t, given, return_lse):
+    extra = dict(logits=t["logits"], attn_lse=t["attn_lse"]) if given else {}
+    return dec.mla_decode_fwd(
+        t["q"], t["kv_buffer"], t["o"], t["qo_indptr"], t["kv_indptr"], t["kv_indices"],
+        t["kv_last_page_lens"], 1, page_size=64, work_meta_data=t["work_meta_data"],
+        work_indptr=t["work_indptr"], work_info_set=t["work_info_set"],
+        reduce_indptr=t["reduce_indptr"], reduce_final_map=t["reduce_final_map"],
+        reduce_partial_map=t["reduce_partial_map"], return_lse=return_lse, **extra)
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["no_alloc", "aiter_alloc"])
+def test_warm_decode_call_does_a_fixed_small_amount_of_host_work(no_gpu_stream, given):
+    """A warm mla_decode_fwd with a caller-made plan: one key, one lookup, the error record read
+    once, one decode and one reduce launch with this call's pointers; no checks, no device read;
+    allocations only for AITER's split buffers when the caller gave none."""
+    t = _case()
+    log = []
+    p = _warm_decode_entry(t, log, given, return_lse=False)
+    (logits, lse), py, c = _profile(lambda: _call_decode(t, given, False))
+    py = py[2:]   # the profiled lambda and _call_decode
+    assert [name for name, _ in log] == ["decode", "reduce"]
+    (_, dargs), (_, rargs) = log
+    split_ptr = logits.data_ptr()
+    assert dargs[:5] == (0x1000, t["q"].data_ptr(), t["o"].data_ptr(), None, split_ptr), dargs
+    assert dargs[6] == 0xABC and rargs == (0x2000, split_ptr, dargs[5], t["o"].data_ptr(), None, 0xABC)
+    if given:
+        assert dargs[5] == t["attn_lse"].data_ptr()
+    assert lse is None and p.sink.raised == 1
+    assert (logits is t["logits"]) == given
+    # Python frames: the op, its key, the per-call layout check, the error record, two launches
+    # (each: the stream, stood in by a lambda here, and the C function)
+    assert py == ["mla_decode_fwd", "is_compiling", "is_scripting", "_key", "_is_warm",
+                  "raise_pending", "launch", "<lambda>", "fn", "launch", "<lambda>", "fn"], py
+    assert not FORBIDDEN_C & set(c), sorted(FORBIDDEN_C & set(c))
+    assert c.count("empty") == (0 if given else 2), c
+
+
+def test_warm_decode_call_with_new_q_and_o_of_the_same_shape_stays_warm(no_gpu_stream):
+    """Engines pass a new q (and often o) every layer: a warm entry covers them by shape, dtype
+    and device; a q of another shape misses and is checked again."""
+    t = _case()
+    log = []
+    _warm_decode_entry(t, log, True, return_lse=False)
+    t2 = dict(t, q=t["q"].clone(), o=t["o"].clone())
+    _call_decode(t2, True, False)
+    assert [name for name, _ in log] == ["decode", "reduce"] and log[0][1][1] == t2["q"].data_ptr()
+    t3 = dict(t, q=torch.zeros(5, 128, 576, dtype=torch.bfloat16), o=torch.zeros(5, 128, 512, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="CUDA tensor"):   # missed: the checks run (and refuse CPU tensors)
+        _call_decode(t3, True, False)
+    assert len(log) == 2
+
+
+def test_warm_entry_dies_with_its_tensors(no_gpu_stream):
+    """The cache holds tensors by id: when one is freed its entries go, so a new tensor that
+    reuses the id is never taken for the checked one."""
+    t = _case()
+    _warm_decode_entry(t, [], True, return_lse=False)
+    assert len(dec._prepared) == 1
+    del t["kv_indices"]
+    assert len(dec._prepared) == 0
+
+
+def test_warm_reduce_call_is_a_lookup_and_a_launch(no_gpu_stream):
+    t = _case()
+    log = []
+    r = reduce.Prepared.__new__(reduce.Prepared)
+    r.module, r.fn, r.args, r.addr, r.index, r.sink = None, _launcher(log, "reduce"), None, 0x3000, 0, _Sink()
+    po, pl, fo = t["logits"], t["attn_lse"], t["o"]
+    key = (reduce._meta(po), reduce._meta(pl), reduce._meta(fo), None, 1,
+           id(t["reduce_indptr"]), t["reduce_indptr"].data_ptr(), id(t["reduce_final_map"]),
+           t["reduce_final_map"].data_ptr(), id(t["reduce_partial_map"]), t["reduce_partial_map"].data_ptr())
+    reduce._prepared.put(key, r, (t["reduce_indptr"], t["reduce_final_map"], t["reduce_partial_map"]))
+    _, py, c = _profile(lambda: reduce.mla_reduce_v1(po, pl, t["reduce_indptr"], t["reduce_final_map"],
+                                                     t["reduce_partial_map"], 1, fo, None))
+    assert log == [("reduce", (0x3000, po.data_ptr(), pl.data_ptr(), fo.data_ptr(), None, 0xABC))]
+    assert py[1:] == ["mla_reduce_v1", "is_compiling", "is_scripting", "_launch", "_meta", "_meta",
+                      "_meta", "raise_pending", "launch", "<lambda>", "fn"], py
+    assert not FORBIDDEN_C & set(c) and "empty" not in c
+
+
+def test_warm_metadata_call_is_a_lookup_a_launch_and_the_plan_record(no_gpu_stream, monkeypatch):
+    t = _case()
+    log = []
+    m = metadata.Prepared()
+    m.module, m.fn, m.args, m.addr, m.index, m.sink = None, _launcher(log, "metadata"), None, 0x4000, 0, _Sink()
+    monkeypatch.setattr(metadata, "_plans", {})   # this process's real plan records stay untouched
+    m.plan_key, m.plan = metadata._plan_key(t["work_info_set"]), (lambda: t["work_info_set"], "a record")
+    monkeypatch.setattr(metadata.launch, "raw_stream", lambda index: 0xABC)
+    args = (t["qo_indptr"], t["kv_indptr"], t["kv_last_page_lens"], t["work_meta_data"],
+            t["work_info_set"], t["work_indptr"], t["reduce_indptr"], t["reduce_final_map"],
+            t["reduce_partial_map"])
+    key = tuple(x for a in args for x in (id(a), a.data_ptr())) + (
+        128, 1, 64, 1, 1, 1, True, -1, -1, False, None, None, None)
+    metadata._prepared.put(key, m, args)
+    _, py, c = _profile(lambda: metadata.get_mla_metadata_v1(
+        t["qo_indptr"], t["kv_indptr"], t["kv_last_page_lens"], 128, 1, True, t["work_meta_data"],
+        t["work_info_set"], t["work_indptr"], t["reduce_indptr"], t["reduce_final_map"],
+        t["reduce_partial_map"], page_size=64, kv_granularity=1, max_seqlen_qo=1, uni_seqlen_qo=1))
+    assert log == [("metadata", (0x4000, 0xABC))]
+    assert metadata._plans[m.plan_key] is m.plan
+    assert py[1:] == ["get_mla_metadata_v1", "_fill_schedule", "raise_pending", "launch", "<lambda>",
+                      "fn"], py
+    assert not FORBIDDEN_C & set(c) and "empty" not in c
