@@ -267,7 +267,7 @@ def bench(args: argparse.Namespace) -> int:
 
     from .. import arch
     from . import ceilings as ceil_mod
-    from . import environment, inputs, jit_figures, peers as peers_mod, report, sweep
+    from . import environment, host_time, inputs, jit_figures, peers as peers_mod, report, sweep
     from .formulas import ELEM_BYTES
     from .variants import build_variants
 
@@ -313,14 +313,12 @@ def bench(args: argparse.Namespace) -> int:
 
     jit = {}
     if not args.no_jit_figures:
-        heads, qlen = args.heads_qlen[0]
-        try:
-            dispatch = sweep.dispatch_overhead(heads, qlen, args.page_size[0], args.dtype,
-                                               args.kv_dtype, ctx)
-        except Exception as exc:  # the figure is reported missing, the sweep's results stand
-            dispatch = {"error": f"{type(exc).__name__}: {exc}"}
         cold = [f.result() for f in cold_futures]
         cold_pool.shutdown()
+        try:   # after the cold builds: no build runs while the host time is taken
+            dispatch = host_time.host_times(args.heads_qlen[0][0], args.dtype)
+        except Exception as exc:  # the figure is reported missing, the sweep's results stand
+            dispatch = {"error": f"{type(exc).__name__}: {exc}"}
         jit = {"variants": [{"label": v.label(), "name": v.name, "params": v.params, "cold": c,
                              "warm": jit_figures.warm_load(v), "build_in_run_s": b.seconds}
                             for v, c, b in zip(variants, cold, builds)],

@@ -95,6 +95,7 @@ def host_times(heads: int = 128, dtype: str = "fp8", calls: int = 200, reps: int
     out["launch_floor"] = _launch_floor(decode, logits, attn_lse, q, o, calls, reps)
     if progress:
         progress("launch_floor", out["launch_floor"])
+    out["get_module_memo_us"] = _memo_us(heads, qlen, P, dt)
     torch.cuda.synchronize()
     return out
 
@@ -121,6 +122,18 @@ def _launch_floor(decode, logits, attn_lse, q, o, calls: int, reps: int):
         p.reduce.launch(ptrs[3], ptrs[4], ptrs[1], None)
 
     return _rounds(both, calls, reps)
+
+
+def _memo_us(heads, qlen, page_size, dt, n: int = 10000) -> float:
+    """µs per in-process ``get_module`` hit of the decode variant (the JIT memo)."""
+    from aiter_mla.jit import get_module
+    from aiter_mla.ops.decode import decode_variant
+
+    params = decode_variant(heads, qlen, page_size, dt, dt)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        get_module("mla_decode", **params)
+    return (time.perf_counter() - t0) / n * 1e6
 
 
 def main() -> None:

@@ -7,7 +7,7 @@
   the normal cache (after the sweep has built the variant), the two timed separately (the same
   split as ``docs/perf/jit.md``: the budget is for ``get_module`` after the imports).
 
-The in-process dispatch overhead needs the GPU and lives in :func:`aiter_mla.bench.sweep.dispatch_overhead`.
+The ops' host time per warm call needs the GPU and lives in :mod:`aiter_mla.bench.host_time`.
 """
 from __future__ import annotations
 

@@ -196,17 +196,30 @@ def _jit_lines(jit: dict) -> list[str]:
     d = jit.get("dispatch")
     if d:
         if "error" in d:
-            lines.append(f"\nDispatch overhead: not measured ({d['error']}).")
+            lines.append(f"\nHost time per call: not measured ({d['error']}).")
         else:
-            s = d["shape"]
-            lines.append(
-                f"\nWarm in-process dispatch: **{d['mla_decode_fwd_host_us']:.1f} µs** of host time per "
-                f"`mla_decode_fwd` call with a pre-planned schedule (heads {s['heads']}, qlen "
-                f"{s['qlen']}, batch 1, ctx {s['ctx']}, {s['dtype']}, GPU idle between calls; "
-                f"{d['calls']} calls); `get_module` memo hit: {d['get_module_memo_us']:.2f} µs.")
+            lines.append("\n" + host_time_text(d))
     for n in jit.get("notes", []):
         lines.append(f"\n{n}")
     return lines
+
+
+def host_time_text(d: dict) -> str:
+    """One paragraph of :func:`aiter_mla.bench.host_time.host_times` figures."""
+    s = d["shape"]
+
+    def us(name):
+        r = d.get(name)
+        return f"{r['us']:.1f} µs" if r else "not measured"
+
+    return (f"Host time per warm eager call (`aiter_mla.bench.host_time`: heads {s['heads']}, qlen "
+            f"{s['qlen']}, batch {s['batch']}, ctx {s['ctx']}, {s['dtype']}, GPU idle between calls, "
+            f"no build running; median of {d['reps']} rounds of {d['calls']} calls): "
+            f"`get_mla_metadata_v1` **{us('get_mla_metadata_v1')}**, `mla_decode_fwd` with a "
+            f"caller-made plan **{us('mla_decode_fwd_no_alloc')}** with caller-given split buffers, "
+            f"{us('mla_decode_fwd_alloc')} with AITER's freshly allocated ones, `mla_reduce_v1` "
+            f"**{us('mla_reduce_v1')}**; the decode and reduce launches alone {us('launch_floor')}; "
+            f"`get_module` memo hit {d['get_module_memo_us']:.2f} µs.")
 
 
 def render_markdown(doc: dict, tag: str = "") -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import time
 import zlib
 from dataclasses import dataclass, field
 
@@ -457,42 +456,6 @@ def run_sweep(specs: list[RowSpec], ctx: SweepContext, progress: bool = True) ->
 def max_needed_tokens(specs: list[RowSpec]) -> int:
     """Pool tokens the largest row needs (pages rounded up)."""
     return max(s.needed_pages * s.page_size for s in specs)
-
-
-def dispatch_overhead(heads: int, qlen: int, page_size: int, q_dtype: str, kv_dtype: str,
-                      ctx: SweepContext, calls: int = 200) -> dict:
-    """Host µs per warm ``mla_decode_fwd`` call with a pre-planned schedule (batch 1, ctx 64:
-    the GPU finishes each call long before the host issues the next, so it idles and the host
-    time is the op's own overhead), and µs per in-process ``get_module`` memo hit."""
-    import torch
-
-    from ..jit import get_module
-    from .variants import decode_params
-
-    spec = RowSpec(heads, qlen, 1, max(64, qlen), page_size, q_dtype, kv_dtype, False,
-                   [max(64, qlen)], 12345)
-    ri = make_row_inputs(spec, ctx)
-    plan = _Plan(ri, max_split_per_batch(heads, 1, ctx.num_cu))
-    plan.metadata()
-    args, kwargs = plan.decode_args(0)
-    fwd = plan.fwd
-    for _ in range(20):
-        fwd(*args, **kwargs)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fwd(*args, **kwargs)
-    host_us = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    params = decode_params(heads, qlen, page_size, q_dtype, kv_dtype)
-    n = 10000
-    t0 = time.perf_counter()
-    for _ in range(n):
-        get_module("mla_decode", **params)
-    memo_us = (time.perf_counter() - t0) / n * 1e6
-    return {"mla_decode_fwd_host_us": host_us, "get_module_memo_us": memo_us,
-            "shape": {"heads": heads, "qlen": qlen, "batch": 1, "ctx": spec.ctx,
-                      "page_size": page_size, "dtype": spec.dtype}, "calls": calls}
 
 
 def l2_bytes(device) -> int:
