@@ -2,7 +2,8 @@
 
 The decode kernel checks every index it reads (the batch layout, the schedule's records, the
 page ids in use) against the buffers it was given, goes on with a safe value (a page id outside
-the pool reads page 0, a work record pointing outside its buffers is skipped) and writes the
+the pool is never read (the cp.async loader zero-fills its row, the TMA loader reads the last
+page instead), a work record pointing outside its buffers is skipped) and writes the
 first bad value it met into this device's *error record*: int64 words (code, index, value,
 bound) in pinned host memory that the kernel writes through the mapped address (CUDA's unified
 addressing: the host pointer of ``cudaHostAlloc`` memory is its device pointer), plus device

@@ -144,19 +144,18 @@ def prepare(partial_output, reduce_indptr, reduce_final_map, reduce_partial_map,
 _prepared = launch.IdentityCache()
 
 
-def _meta(t) -> tuple:
-    # what the checks of a per-call tensor depend on (its data pointer only by alignment)
-    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
-
-
 def _launch(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
             max_seqlen_q, final_output, final_lse) -> None:
     # Warm: the checks of this call's shapes, dtypes, devices and schedule tensors passed before
     # (the schedule tensors by identity: their object and data pointer), so a dict lookup
     # replaces them. Checks read only metadata (no sync); a captured graph skips them too.
     try:
-        key = (_meta(partial_output), _meta(partial_lse), _meta(final_output),
-               None if final_lse is None else _meta(final_lse), max_seqlen_q,
+        # per-call tensors by what their checks and the fixed strides depend on
+        key = (partial_output.shape, partial_output.stride(), partial_output.dtype,
+               partial_output.device, partial_lse.shape, partial_lse.stride(), partial_lse.dtype,
+               final_output.shape, final_output.stride(), final_output.dtype, final_output.device,
+               None if final_lse is None else (final_lse.shape, final_lse.stride(), final_lse.dtype,
+                                               final_lse.device), max_seqlen_q,
                id(reduce_indptr), reduce_indptr.data_ptr(), id(reduce_final_map),
                None if reduce_final_map is None else reduce_final_map.data_ptr(),
                id(reduce_partial_map), reduce_partial_map.data_ptr())

@@ -1,6 +1,6 @@
 // Device-side input checks: the first bad value a kernel meets is written to a host error
 // record (pinned memory, read by the Python op at its next call without a sync: ops/errors.py),
-// and the kernel goes on with a safe value (a page read as page 0, a work skipped). Codes: the
+// and the kernel goes on with a safe value (a page clamped or zero-filled, a work skipped). Codes: the
 // ERR_<NAME> template globals (work_info.DEVICE_ERRORS).
 #pragma once
 #include <stdint.h>

@@ -101,20 +101,21 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // The page table as the KV loaders see it: the ids and the pool's page count.
 struct PageTable {
   const int* __restrict__ ids;   // kv_indices
-  long long num_pages;
+  unsigned num_pages;            // <= 2^32 - 1 (the pool has at most 2^32 rows)
+  unsigned last_page;            // num_pages - 1
 };
 
 // Physical row of virtual token v in the [num_pages * P, 576] pool: kv_indices[v / P] * P +
-// v % P (64-bit: pools over 2^31 bytes). The one page lookup of every KV loader. A page id
-// outside [0, num_pages) reads page 0, so no copy leaves the pool, and sets `bad`: the producer
-// reports it once its loop is done (report_bad_pages in mla_decode.cu.j2), so the lookup itself
-// stays a compare and a select (the fp8 producers run on 24 registers).
+// v % P (64-bit: pools over 2^31 bytes); the page lookup of the TMA loader (the cp.async one
+// folds the same check into its copy predicate). A page id outside [0, num_pages) reads page
+// num_pages - 1 instead, so no copy leaves the pool, and sets `bad`: the producer reports it
+// once its loop is done (report_bad_pages in mla_decode.cu.j2), so the lookup stays a compare
+// and a min (the fp8 producers run on 24 registers).
 template <class C>
 __device__ __forceinline__ int64_t kv_pool_row(const PageTable& pt, int v, bool& bad) {
-  const int page = __ldg(pt.ids + (v >> C::kLog2P));
-  const bool ok = page >= 0 && page < pt.num_pages;
-  bad |= !ok;
-  return ((ok ? (int64_t)page : 0) << C::kLog2P) + (v & (C::P - 1));
+  const unsigned page = static_cast<unsigned>(__ldg(pt.ids + (v >> C::kLog2P)));
+  bad |= page >= pt.num_pages;   // negative ids are huge here
+  return (static_cast<int64_t>(min(page, pt.last_page)) << C::kLog2P) + (v & (C::P - 1));
 }
 
 // ---- maths -----------------------------------------------------------------------------------

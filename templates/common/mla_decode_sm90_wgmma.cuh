@@ -345,7 +345,13 @@ __device__ __forceinline__ void produce_kv_tile(uint8_t* smem, int stage, const 
     ok[g] = v < kv_tok_end;
     src[g] = kv;
     if (ok[g]) {
-      src[g] = kv + kv_pool_row<C>(pages, v, bad_page) * (int64_t)C::kRowBytes + (2 * h + lo) * 16;
+      // a page id outside the pool zero-fills its row like a token past the tail (the copy's
+      // source size 0: nothing is read) and sets bad_page; no clamp, so the 8 lookups stay
+      // issued together on the producer's 24 registers
+      const unsigned page = static_cast<unsigned>(__ldg(pages.ids + (v >> C::kLog2P)));
+      ok[g] = page < pages.num_pages;
+      bad_page |= !ok[g];
+      src[g] = kv + ((static_cast<int64_t>(page) << C::kLog2P) + (v & (C::P - 1))) * C::kRowBytes + (2 * h + lo) * 16;
     }
   }
   produce_groups<C, 0>(dst, src, ok);
