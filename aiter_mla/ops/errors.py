@@ -1,10 +1,10 @@
 """Bad index values found on the device, and how they reach the caller (docs/DESIGN.md §5.13).
 
 The decode kernel checks every index it reads (the batch layout, the schedule's records, the
-page ids in use) against the buffers it was given, goes on with a safe value (a page id outside
-the pool is never read (the cp.async loader zero-fills its row, the TMA loader reads the last
-page instead), a work record pointing outside its buffers is skipped) and writes the
-first bad value it met into this device's *error record*: int64 words (code, index, value,
+page ids in use) against the buffers it was given and goes on safely: it never reads through a
+page id outside the pool (the cp.async loader zero-fills that row, the TMA loader reads the last
+page instead) and skips a work record that points outside its buffers. It writes the first bad
+value it met into this device's *error record*: int64 words (code, index, value,
 bound) in pinned host memory that the kernel writes through the mapped address (CUDA's unified
 addressing: the host pointer of ``cudaHostAlloc`` memory is its device pointer), plus device
 words that let one thread claim a slot. Two slots: the inputs' own values (the batch layout and
@@ -16,7 +16,8 @@ When it surfaces: at the first ``aiter_mla`` op call on that device (``mla_decod
 faulty kernel finished, or at :func:`check_errors`, which waits for the device first. The op
 raises :class:`DeviceIndexError` (a ValueError) naming the argument, the entry, its value and
 the bound, and clears the record. The outputs of the call that launched the faulty kernel are
-not valid; the call raising the error launches nothing.
+not valid; the call raising the error launches nothing. The record is made at the first op
+call on a device, which must run outside a CUDA graph capture (RuntimeError otherwise).
 """
 from __future__ import annotations
 
@@ -82,6 +83,12 @@ class Sink:
     def __init__(self, device: int):
         import torch
 
+        with torch.cuda.device(device):
+            if torch.cuda.is_current_stream_capturing():   # the zeroing would only be captured
+                raise RuntimeError(
+                    f"aiter_mla: the first op call on cuda:{device} is inside a CUDA graph capture; "
+                    "run one call outside the capture first (warm-up): it makes the device's error "
+                    "record")
         self.device = device
         n = ERROR_SLOTS * ERROR_SLOT_WORDS
         self.claim = torch.zeros(ERROR_SLOTS, dtype=torch.int32, device=f"cuda:{device}")
