@@ -960,6 +960,22 @@ def test_deterministic(warm, dtype):
 
 @gpu
 @needs_gpu
+def test_error_record_is_not_made_inside_a_capture(warm, monkeypatch):
+    """A device's error record is zeroed when made; inside a capture the zeroing would only be
+    recorded, so making it there is refused (the first op call on a device runs eagerly)."""
+    from aiter_mla.ops import errors
+
+    monkeypatch.setattr(errors, "_sinks", {})
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="inside a CUDA graph capture"):
+        with torch.cuda.graph(g):
+            errors.sink(torch.cuda.current_device())
+    assert errors._sinks == {}
+    assert errors.sink(torch.cuda.current_device()).words[0] == 0   # eagerly: made, and clear
+
+
+@gpu
+@needs_gpu
 def test_first_use_in_capture_is_refused(warm, monkeypatch):
     """A variant never launched in this process must not be first launched inside a CUDA-graph
     capture (it would set the kernel's shared-memory limit there): a clear error instead."""

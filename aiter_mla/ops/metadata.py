@@ -341,10 +341,13 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
 
     On a CUDA device: one launch of the JIT kernel on the current stream; no host
     synchronisation, so it can be captured in a CUDA graph. The host checks only shapes,
-    dtypes and devices; input *values* are not validated on this path (call
-    :func:`aiter_mla.ops.metadata_reference.validate_inputs` to check them; invalid values give
-    an invalid schedule, but the kernel never writes outside the buffers). On CPU tensors the
-    reference scheduler fills the buffers (and does validate values).
+    dtypes and devices, once per buffer set (a warm call with the same buffers and arguments is
+    a lookup and the launch). Input *values* are not validated by this kernel: invalid values
+    give an invalid schedule, but the kernel never writes outside the buffers, and the decode
+    kernel that reads the same tensors checks them and reports the first bad one
+    (:mod:`aiter_mla.ops.errors`); :func:`aiter_mla.ops.metadata_reference.validate_inputs`
+    checks them on the host. On CPU tensors the reference scheduler fills the buffers (and does
+    validate values).
 
     Writes: ``work_metadata_ptrs = (&work_indptr, &work_info_set)``; all of ``work_indptr``
     (entries past C repeat the work count) and ``reduce_indptr`` (entries past B repeat the
@@ -356,7 +359,9 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     its buffers, units and cost model; the cluster assignment is position based instead of
     AITER's serial greedy, with the fixes listed in :mod:`aiter_mla.ops.metadata_reference`.
 
-    Raises NotImplementedError for ``topk >= 0``, ``intra_batch_mode``, ``fast_mode=False``,
+    Raises :class:`aiter_mla.ops.errors.DeviceIndexError` (a ValueError) for a bad index value
+    an earlier decode kernel found on this device (before this call launches anything);
+    NotImplementedError for ``topk >= 0``, ``intra_batch_mode``, ``fast_mode=False``,
     ``num_heads_k != 1`` or ``num_heads_per_head_k * max_seqlen_qo > 128``; ValueError /
     TypeError for bad arguments (named, with expected and actual values) or buffers too small
     for this input; RuntimeError

@@ -223,7 +223,10 @@ def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map,
 
     Raises:
         TypeError / ValueError naming the argument with expected and actual values (dtype,
-        device, contiguity, shape); checks are skipped while a CUDA graph is being captured.
+        device, contiguity, shape); checks run once per schedule and output layout (a warm call
+        is a lookup and the launch) and are skipped while a CUDA graph is being captured.
+        :class:`aiter_mla.ops.errors.DeviceIndexError` (a ValueError) for a bad index value an
+        earlier decode kernel found on this device (before this call launches anything).
         RuntimeError if the launch fails; on the reduce module's first use in a process, the
         JIT errors of :func:`aiter_mla.jit.get_module` (RuntimeError subclasses: ToolchainError,
         BuildError, CacheNotWritableError, LockTimeoutError, JitDisabledError, ModuleLoadError).
