@@ -209,3 +209,33 @@ def test_warm_metadata_call_is_a_lookup_a_launch_and_the_plan_record(no_gpu_stre
     assert py[1:] == ["get_mla_metadata_v1", "_fill_schedule", "raise_pending", "launch", "<lambda>",
                       "fn"], py
     assert not FORBIDDEN_C & set(c) and "empty" not in c
+
+
+def test_device_index_error_pickles_and_names_its_argument():
+    import pickle
+
+    from aiter_mla.ops.errors import DeviceIndexError
+
+    e = DeviceIndexError("kv_indices[4] = 50000000 is outside [0, num_pages=13)", code="kv_index",
+                         index=4, value=50_000_000, bound=13, device=0)
+    back = pickle.loads(pickle.dumps(e))
+    assert isinstance(back, ValueError) and str(back) == str(e)
+    assert (back.argument, back.code, back.index, back.value, back.bound, back.device) == (
+        "kv_indices", "kv_index", 4, 50_000_000, 13, 0)
+
+
+@pytest.mark.parametrize("device", ["cpu", -1, True, "banana", 1.5, torch.device("meta")])
+def test_check_errors_names_a_bad_device(device):
+    import aiter_mla
+
+    with pytest.raises(ValueError, match="device must be a CUDA device"):
+        aiter_mla.check_errors(device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_check_errors_without_a_gpu_says_so():
+    import aiter_mla
+
+    aiter_mla.check_errors()   # nothing ran: nothing to report
+    with pytest.raises(RuntimeError, match="no CUDA device is visible"):
+        aiter_mla.check_errors(0)

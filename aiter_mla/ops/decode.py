@@ -580,8 +580,9 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
         logits, attn_lse (keyword only, not in AITER): the split buffers, [N, 1, H, 512] and
             [N, 1, H, 1] fp32 with N = reduce_partial_map.shape[0] * max_seqlen_q, given together
             and reused call after call. AITER's signature returns freshly allocated ones: two
-            ``torch.empty`` a call (a few microseconds of host time, docs/perf/host_path_h200.md);
-            giving them makes the call allocate nothing.
+            ``torch.empty`` a call (about 8 µs of host time on the H200 host,
+            docs/perf/host_path_h200.md); giving them, with a caller-made plan, makes the call
+            allocate nothing (a self-planned call still allocates its six schedule buffers).
         final_lse (keyword only): with return_lse, a [total_q, H] fp32 buffer to write instead of
             allocating one.
 

@@ -64,13 +64,26 @@ assert tuple(_MESSAGES) == DEVICE_ERRORS
 
 class DeviceIndexError(ValueError):
     """A bad index value the decode kernel found (module docstring: when it surfaces).
-    ``argument`` names the input (``kv_indices``, ``qo_indptr``, ...), ``code`` the check
-    (``work_info.DEVICE_ERRORS``), ``index`` / ``value`` / ``bound`` what it saw."""
 
-    def __init__(self, message: str, *, code: str, index: int, value: int, bound: int, device: int):
+    Attributes: ``code`` the check (a name of ``work_info.DEVICE_ERRORS``); ``index``,
+    ``value``, ``bound`` what it saw; ``device`` the CUDA device index; ``argument`` the input
+    the message names first (``kv_indices``, ``qo_indptr``, ``work_info_set``, ...; for a batch
+    longer than ``max_seqlen_q``, ``max_seqlen_q``). Picklable, so it crosses process
+    boundaries."""
+
+    def __init__(self, message: str, *, code: str = "", index: int = 0, value: int = 0,
+                 bound: int = 0, device: int = -1):
         super().__init__(message)
         self.code, self.index, self.value, self.bound, self.device = code, index, value, bound, device
         self.argument = message.split("[", 1)[0].split(" ", 1)[0]
+
+    def __reduce__(self):
+        return (_rebuild, (self.args[0] if self.args else "", self.code, self.index, self.value,
+                           self.bound, self.device))
+
+
+def _rebuild(message, code, index, value, bound, device) -> DeviceIndexError:
+    return DeviceIndexError(message, code=code, index=index, value=value, bound=bound, device=device)
 
 
 class Sink:
@@ -139,16 +152,31 @@ def check_errors(device=None) -> None:
     op ran on in this process. Returns None when no error was recorded. Without it, an error
     surfaces at the next op call on that device (the module docstring). Costs a device
     synchronisation: call it where the engine synchronises anyway, or in tests.
+
+    Raises :class:`DeviceIndexError`; ValueError when ``device`` is not a CUDA device or not a
+    visible one; RuntimeError when no CUDA device is visible at all.
     """
     import torch
 
     if device is None:
         devices = sorted(_sinks)
     else:
-        d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        try:
+            if isinstance(device, bool) or isinstance(device, float):
+                raise TypeError
+            d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        except (TypeError, RuntimeError, ValueError):
+            raise ValueError(f"device must be a CUDA device (an index >= 0, 'cuda:N' or a "
+                             f"torch.device), got {device!r}") from None
         if d.type != "cuda":
             raise ValueError(f"device must be a CUDA device, got {d}")
-        devices = [d.index if d.index is not None else torch.cuda.current_device()]
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"check_errors({device!r}): no CUDA device is visible")
+        index = d.index if d.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device must be a visible CUDA device (0..{torch.cuda.device_count() - 1}), "
+                             f"got {device!r}")
+        devices = [index]
     for index in devices:
         torch.cuda.synchronize(index)
         s = _sinks.get(index)
