@@ -1,14 +1,27 @@
-"""Where the repository's fixed top-level pieces live (templates/, jit_config.json), and
-whether a folder can be made where the user asked for one."""
+"""Where the kernels' templates and the JIT configuration live, and whether a folder can be
+made where the user asked for one.
+
+An installed wheel carries them as package data, ``aiter_mla/_data/templates`` and
+``aiter_mla/_data/jit_config.json`` (setup.py copies them there); a checkout (an editable
+install, or the source tree on ``sys.path``) has them at its top level, beside
+``pyproject.toml``. Package data wins, so a stray ``templates/`` beside an installed package is
+never picked up. ``AITER_MLA_TEMPLATES_DIR`` / ``AITER_MLA_CONFIG`` override both
+(``jit/config.py``).
+"""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+_DATA_DIR = PACKAGE_DIR / "_data"
+#: The checkout's top level (in an installed wheel: the folder that holds the package).
 REPO_ROOT = PACKAGE_DIR.parent
-TEMPLATES_DIR = REPO_ROOT / "templates"
-JIT_CONFIG_PATH = REPO_ROOT / "jit_config.json"
+#: True in an installed wheel: templates and config are package data.
+INSTALLED_DATA = (_DATA_DIR / "jit_config.json").is_file()
+_DATA_ROOT = _DATA_DIR if INSTALLED_DATA else REPO_ROOT
+TEMPLATES_DIR = _DATA_ROOT / "templates"
+JIT_CONFIG_PATH = _DATA_ROOT / "jit_config.json"
 
 
 def unmakeable_folder_reason(path: str | os.PathLike) -> str | None:
