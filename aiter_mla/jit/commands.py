@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -80,15 +81,23 @@ def _add_param_arg(p) -> None:
 
 
 def _parse_bytes(text: str) -> int:
+    """A byte count >= 0: digits, or a finite number with a K / M / G suffix (powers of 1024)."""
     mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     t = text.strip().lower().rstrip("b").rstrip("i")
     try:
         if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(t)
+            value = float(t[:-1]) * mult[t[-1]]
+            if not math.isfinite(value):   # inf, nan, 1e400: int() would raise OverflowError
+                raise ValueError
+            n = int(value)
+        else:
+            n = int(t)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size "
                                          f"(e.g. 500000000, 500M, 2G)") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative: a size is >= 0")
+    return n
 
 
 def _parse_params(items: list[str]) -> dict[str, str]:

@@ -1,0 +1,53 @@
+"""Every CLI option that takes a value, fed a table of bad values: a one-line error or a normal
+run, never a Python traceback (CPU; issue 23, item 4)."""
+from __future__ import annotations
+
+import argparse
+import traceback
+
+import pytest
+
+from aiter_mla import cli
+
+BAD_VALUES = ["", " ", "abc", "nan", "inf", "-inf", "1e400", "-1", "0", "infG", "1e400G", "-5G",
+              "99999999999999999999999", "1,2", "é", "--"]
+
+#: Valid values for the required options of a command, so that the option under test is reached.
+REQUIRED = {("jit", "gc"): {"--max-bytes": "1G"},
+            ("metadata",): {"--batch": "2", "--ctx": "64"}}
+
+
+def _options(parser, path=()):
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                yield from _options(sub, path + (name,))
+        elif a.option_strings and a.nargs != 0 and not isinstance(a, argparse._HelpAction):
+            yield path, a.option_strings[-1]
+
+
+CASES = [(path, opt) for path, opt in _options(cli.build_parser())]
+
+
+def test_the_table_covers_every_command_with_values():
+    assert {p for p, _ in CASES} >= {("jit", "build"), ("jit", "gc"), ("metadata",), ("bench",)}
+
+
+@pytest.mark.parametrize("path,opt", CASES, ids=[" ".join(p) + " " + o for p, o in CASES])
+def test_bad_values_never_give_a_traceback(path, opt, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("AITER_MLA_DISABLE_JIT", "1")   # no build starts, whatever the value
+    monkeypatch.setenv("CU_NUM", "132")
+    required = [x for k, v in REQUIRED.get(path, {}).items() if k != opt for x in (k, v)]
+    for bad in BAD_VALUES:
+        argv = [*path, *required, f"{opt}={bad}"]
+        try:
+            rc = cli.main(argv)
+        except SystemExit as e:
+            rc = e.code
+        except BaseException:   # noqa: BLE001 - the point: nothing else may escape
+            pytest.fail(f"aiter-mla {' '.join(argv)!r} raised:\n{traceback.format_exc()}")
+        out = capsys.readouterr()
+        assert "Traceback" not in out.err + out.out, (argv, out.err[-1500:])
+        assert rc in (0, 1, 2, None), (argv, rc)
