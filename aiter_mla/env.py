@@ -78,6 +78,17 @@ _declare("CU_NUM", False, None, "AITER's override of the multiprocessor count", 
 _declare("AITER_MLA_EXTRA_NVCC_FLAGS", True, "", "extra nvcc flags appended to every build")
 _declare("AITER_MLA_EXTRA_HIP_FLAGS", True, "", "extra hipcc/clang flags appended to every build")
 _declare("AITER_MLA_LINEINFO", True, "0", "1: build with -lineinfo (profilers)", kind="flag")
+# What the compilers themselves read that changes their output (key-changing: a debug build from
+# NVCC_APPEND_FLAGS=-G must never be served to a plain build).
+_declare("NVCC_APPEND_FLAGS", True, "", "nvcc's own: flags it appends to every command")
+_declare("NVCC_PREPEND_FLAGS", True, "", "nvcc's own: flags it prepends to every command")
+_declare("NVCC_CCBIN", True, "", "nvcc's own: the host compiler (as -ccbin)")
+_declare("CUDAHOSTCXX", True, "", "the CUDA host compiler build systems pass to nvcc")
+_declare("CC", True, "", "the C compiler (hipcc's and host tools' default)")
+_declare("CXX", True, "", "the C++ compiler (hipcc's and host tools' default)")
+_declare("HIPCC_COMPILE_FLAGS_APPEND", True, "", "hipcc's own: flags it appends when compiling")
+_declare("HIPCC_LINK_FLAGS_APPEND", True, "", "hipcc's own: flags it appends when linking")
+_declare("HIP_CLANG_PATH", True, "", "hipcc's own: where its clang lives")
 
 
 def registry() -> dict[str, EnvVar]:

@@ -241,3 +241,45 @@ def test_reset_state_forgets_the_ops_kernel_handles():
         op._entry_points._loaded[("stale variant", 12345)] = "stale kernel"
     core.reset_state()
     assert all(("stale variant", 12345) not in op._entry_points._loaded for op in ops)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (a real build)")
+def test_compiler_env_enters_the_key(private_cache, monkeypatch):
+    """NVCC_APPEND_FLAGS=-G (a debug build nvcc makes on its own) gets its own entry: plain,
+    -G, plain gives two entries and the third build is a hit on the first (issue 23, item 2).
+    Before, the -G build was published under the plain key and served to every later build."""
+    from aiter_mla.jit import core
+
+    params = dict(arch="sm_90a", out_dtype="bf16")
+    first = core.build_variant("convert_fp8", **params)
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", "-G")
+    core.reset_state()
+    debug = core.build_variant("convert_fp8", **params)
+    monkeypatch.delenv("NVCC_APPEND_FLAGS")
+    core.reset_state()
+    again = core.build_variant("convert_fp8", **params)
+    assert first.built and debug.built and not again.built
+    assert debug.entry.key != first.entry.key and again.entry.key == first.entry.key
+    from aiter_mla.jit.cache import is_cache_key
+
+    entries = {p.name for p in private_cache.rglob("*") if p.is_dir() and is_cache_key(p.name)}
+    assert entries == {first.entry.key, debug.entry.key}, entries
+
+
+def test_host_compiler_and_compiler_env_are_in_the_nvcc_identity(monkeypatch, tmp_path):
+    from aiter_mla.jit import key, toolchain
+
+    fake = tmp_path / "my-g++"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("NVCC_CCBIN", str(fake))
+    ident = toolchain.host_compiler_identity()
+    assert ident[0][0] == str(fake)
+    monkeypatch.setenv("NVCC_CCBIN", "no-such-compiler-xyz")
+    assert toolchain.host_compiler_identity() == ["no-such-compiler-xyz"]
+    for var in ("NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "NVCC_CCBIN", "CUDAHOSTCXX", "CC", "CXX"):
+        monkeypatch.setenv(var, "-x")
+        assert key.env_items("nvcc")[var] == "-x", var
+        assert var not in key.env_items("clang")
+    monkeypatch.setenv("HIPCC_COMPILE_FLAGS_APPEND", "-O0")
+    assert key.env_items("hipcc")["HIPCC_COMPILE_FLAGS_APPEND"] == "-O0"

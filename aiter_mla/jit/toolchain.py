@@ -35,8 +35,10 @@ from ..arch import AMD_ARCHS, NVIDIA_ARCHS
 
 #: The key-changing env vars each toolchain reads (their values enter the key of its builds).
 KEY_ENV = {
-    "nvcc": ("AITER_MLA_EXTRA_NVCC_FLAGS", "AITER_MLA_LINEINFO"),
-    "hipcc": ("AITER_MLA_EXTRA_HIP_FLAGS", "AITER_MLA_LINEINFO"),
+    "nvcc": ("AITER_MLA_EXTRA_NVCC_FLAGS", "AITER_MLA_LINEINFO", "NVCC_APPEND_FLAGS",
+             "NVCC_PREPEND_FLAGS", "NVCC_CCBIN", "CUDAHOSTCXX", "CC", "CXX"),
+    "hipcc": ("AITER_MLA_EXTRA_HIP_FLAGS", "AITER_MLA_LINEINFO", "HIPCC_COMPILE_FLAGS_APPEND",
+              "HIPCC_LINK_FLAGS_APPEND", "HIP_CLANG_PATH", "CC", "CXX"),
     "clang": ("AITER_MLA_EXTRA_HIP_FLAGS", "AITER_MLA_LINEINFO"),
 }
 
@@ -85,9 +87,13 @@ class Compiler:
     def artifact_name(self) -> str:
         return "lib.so" if self.loadable else "code.hsaco"
 
-    def identity(self) -> dict[str, str]:
-        """The compiler's part of the cache key."""
-        return {"kind": self.kind, "path": self.path, "version": self.version}
+    def identity(self) -> dict:
+        """The compiler's part of the cache key; for nvcc also the host compiler it runs
+        (``host_compiler``: which one, and that file's identity, :func:`compiler_identity`)."""
+        ident = {"kind": self.kind, "path": self.path, "version": self.version}
+        if self.kind == "nvcc":
+            ident["host_compiler"] = host_compiler_identity()
+        return ident
 
     def arch_flags(self, arch: str) -> list[str]:
         """Target flags: one exact SASS target for NVIDIA (no PTX, so nothing is JIT-compiled
@@ -271,6 +277,19 @@ def compiler_identity(path: str) -> list:
             if os.path.isfile(named):
                 stamp.append(_file_stamp(named))
     return stamp
+
+
+def host_compiler_identity() -> list:
+    """The host compiler nvcc uses: ``NVCC_CCBIN`` (a path or a name on PATH), else ``g++`` on
+    PATH (nvcc's default on Linux), identified by :func:`compiler_identity` (no run); the name
+    alone when it cannot be found (the build then fails, as nvcc would)."""
+    import shutil
+
+    name = (env.get("NVCC_CCBIN") or "").strip() or "g++"
+    path = name if os.sep in name else shutil.which(name)
+    if not path or not os.path.isfile(path):
+        return [name]
+    return compiler_identity(path)
 
 
 def compiler_version(path: str, identity_dir: Path | None) -> str:
