@@ -61,12 +61,20 @@ DEVICE_ERRORS = (
 #: schedule's records) of four int64 words each: code, index, value, bound.
 ERROR_SLOTS = 2
 ERROR_SLOT_WORDS = 4
+#: What a launch entry point returns besides a cudaError_t. LAUNCH_ERROR_PENDING: the error
+#: record holds an error an earlier kernel found, so nothing was launched (the op raises it:
+#: ops/errors.py). LAUNCH_REDUCE_FAILED + e: the decode entry launched its kernel, then its
+#: chained reduce launch failed with cudaError_t e. Both lie above every cudaError_t / hipError_t.
+LAUNCH_ERROR_PENDING = 1 << 16
+LAUNCH_REDUCE_FAILED = 1 << 17
 
 
 def template_constants() -> dict[str, int]:
-    """``WI_<FIELD>`` index constants and ``ERR_<NAME>`` device error codes, handed to every
-    template as Jinja globals."""
+    """``WI_<FIELD>`` index constants, ``ERR_<NAME>`` device error codes, the error record's
+    shape and the ``LAUNCH_*`` return codes, handed to every template as Jinja globals."""
     consts = {f"WI_{name.upper()}": i for i, name in enumerate(WORK_INFO_FIELDS)}
     consts["WORK_INFO_INTS"] = WORK_INFO_INTS
     consts.update({f"ERR_{name.upper()}": i + 1 for i, name in enumerate(DEVICE_ERRORS)})
+    consts.update(ERROR_SLOTS=ERROR_SLOTS, ERROR_SLOT_WORDS=ERROR_SLOT_WORDS,
+                  LAUNCH_ERROR_PENDING=LAUNCH_ERROR_PENDING, LAUNCH_REDUCE_FAILED=LAUNCH_REDUCE_FAILED)
     return consts

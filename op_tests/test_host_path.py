@@ -82,7 +82,7 @@ def _warm_decode_entry(t, log, given: bool, return_lse: bool):
     p.plan_key, p.plan = ("test", 0, 1), None
     r = reduce.Prepared.__new__(reduce.Prepared)
     r.module, r.fn, r.args, r.addr, r.index, r.sink = None, _launcher(log, "reduce"), None, 0x2000, 0, p.sink
-    p.reduce = r
+    p.reduce = r   # chained: the decode entry point launches it (C), so no reduce call from Python
     logits, attn_lse = (t["logits"], t["attn_lse"]) if given else (None, None)
     key = dec._key(t["q"], t["kv_buffer"], t["o"], t["qo_indptr"], t["kv_indptr"], t["kv_indices"],
                    t["kv_last_page_lens"], t["work_indptr"], t["work_info_set"], None, None,
@@ -117,29 +117,56 @@ def _call_decode(t, given, return_lse):
 
 @pytest.mark.parametrize("given", [True, False], ids=["no_alloc", "aiter_alloc"])
 def test_warm_decode_call_does_a_fixed_small_amount_of_host_work(no_gpu_stream, given):
-    """A warm mla_decode_fwd with a caller-made plan: one key, one lookup, the error record read
-    once, one decode and one reduce launch with this call's pointers; no checks, no device read;
-    allocations only for AITER's split buffers when the caller gave none."""
+    """A warm mla_decode_fwd with a caller-made plan: one key, one lookup, one host call into the
+    decode entry point (which asks the error record and launches decode and reduce) with this
+    call's pointers; no checks, no device read; allocations only for AITER's split buffers when
+    the caller gave none."""
     t = _case()
     log = []
     p = _warm_decode_entry(t, log, given, return_lse=False)
     (logits, lse), py, c = _profile(lambda: _call_decode(t, given, False))
     py = py[2:]   # the profiled lambda and _call_decode
-    assert [name for name, _ in log] == ["decode", "reduce"]
-    (_, dargs), (_, rargs) = log
+    assert [name for name, _ in log] == ["decode"]
+    (_, dargs), = log
     split_ptr = logits.data_ptr()
     assert dargs[:5] == (0x1000, t["q"].data_ptr(), t["o"].data_ptr(), None, split_ptr), dargs
-    assert dargs[6] == 0xABC and rargs == (0x2000, split_ptr, dargs[5], t["o"].data_ptr(), None, 0xABC)
+    assert dargs[6] == 0xABC and dargs[5] not in (None, 0, split_ptr), dargs
     if given:
         assert dargs[5] == t["attn_lse"].data_ptr()
-    assert lse is None and p.sink.raised == 1
+    assert lse is None and p.sink.raised == 0   # the entry point asks the record, not Python
     assert (logits is t["logits"]) == given
-    # Python frames: the op, its key, the per-call layout check, the error record, the stream
-    # (stood in by a lambda here) and the two C functions
-    assert py == ["mla_decode_fwd", "is_compiling", "is_scripting", "_key", "_is_warm",
-                  "raise_pending", "<lambda>", "fn", "fn"], py
+    # Python frames: the op, its key, the stream (stood in by a lambda here) and the C function
+    assert py == ["mla_decode_fwd", "is_compiling", "is_scripting", "_key", "<lambda>", "fn"], py
     assert not FORBIDDEN_C & set(c), sorted(FORBIDDEN_C & set(c))
     assert c.count("empty") == (0 if given else 2), c
+
+
+def test_launch_failure_codes_raise_what_they_mean():
+    """An entry point's return code: LAUNCH_ERROR_PENDING raises the recorded device error
+    (nothing was launched), LAUNCH_REDUCE_FAILED + e the chained reduce's launch error, any
+    other nonzero code the module's own."""
+    from aiter_mla.ops import launch
+    from aiter_mla.work_info import LAUNCH_ERROR_PENDING, LAUNCH_REDUCE_FAILED
+
+    class Module:
+        def __init__(self, name):
+            self.name = name
+
+        def check(self, code, what):
+            raise RuntimeError(f"{self.name} {what} {code}")
+
+    class Sink:
+        def raise_pending(self):
+            raise ValueError("kv_indices[3] = 50000000 is outside [0, num_pages=8)")
+
+    with pytest.raises(ValueError, match=r"kv_indices\[3\]"):
+        launch.fail(LAUNCH_ERROR_PENDING, Module("decode"), "mla decode launch", Sink(), Module("reduce"))
+    with pytest.raises(RuntimeError, match="reduce mla_reduce_v1: launch 700"):
+        launch.fail(LAUNCH_REDUCE_FAILED + 700, Module("decode"), "mla decode launch", Sink(), Module("reduce"))
+    with pytest.raises(RuntimeError, match="decode mla decode launch 9"):
+        launch.fail(9, Module("decode"), "mla decode launch", Sink(), Module("reduce"))
+    with pytest.raises(RuntimeError, match="set and then cleared"):   # a record another thread took
+        launch.fail(LAUNCH_ERROR_PENDING, Module("decode"), "x", _Sink())
 
 
 def test_warm_decode_call_with_new_q_and_o_of_the_same_shape_stays_warm(no_gpu_stream):
@@ -150,11 +177,11 @@ def test_warm_decode_call_with_new_q_and_o_of_the_same_shape_stays_warm(no_gpu_s
     _warm_decode_entry(t, log, True, return_lse=False)
     t2 = dict(t, q=t["q"].clone(), o=t["o"].clone())
     _call_decode(t2, True, False)
-    assert [name for name, _ in log] == ["decode", "reduce"] and log[0][1][1] == t2["q"].data_ptr()
+    assert [name for name, _ in log] == ["decode"] and log[0][1][1] == t2["q"].data_ptr()
     t3 = dict(t, q=torch.zeros(5, 128, 576, dtype=torch.bfloat16), o=torch.zeros(5, 128, 512, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="CUDA tensor"):   # missed: the checks run (and refuse CPU tensors)
         _call_decode(t3, True, False)
-    assert len(log) == 2
+    assert len(log) == 1
 
 
 def test_warm_entry_dies_with_its_tensors(no_gpu_stream):
@@ -181,8 +208,7 @@ def test_warm_reduce_call_is_a_lookup_and_a_launch(no_gpu_stream):
     _, py, c = _profile(lambda: reduce.mla_reduce_v1(po, pl, t["reduce_indptr"], t["reduce_final_map"],
                                                      t["reduce_partial_map"], 1, fo, None))
     assert log == [("reduce", (0x3000, po.data_ptr(), pl.data_ptr(), fo.data_ptr(), None, 0xABC))]
-    assert py[1:] == ["mla_reduce_v1", "is_compiling", "is_scripting", "_launch", "raise_pending",
-                      "launch", "<lambda>", "fn"], py
+    assert py[1:] == ["mla_reduce_v1", "is_compiling", "is_scripting", "_launch", "<lambda>", "fn"], py
     assert not FORBIDDEN_C & set(c) and "empty" not in c
 
 
@@ -198,7 +224,7 @@ def test_warm_metadata_call_is_a_lookup_a_launch_and_the_plan_record(no_gpu_stre
             t["work_info_set"], t["work_indptr"], t["reduce_indptr"], t["reduce_final_map"],
             t["reduce_partial_map"])
     key = tuple(x for a in args for x in (id(a), a.data_ptr())) + (
-        128, 1, 64, 1, 1, 1, True, -1, -1, False, None, None, None)
+        128, 1, 64, 1, 1, 1, True, -1, -1, False, None, None)
     metadata._prepared.put(key, m, args)
     _, py, c = _profile(lambda: metadata.get_mla_metadata_v1(
         t["qo_indptr"], t["kv_indptr"], t["kv_last_page_lens"], 128, 1, True, t["work_meta_data"],
@@ -206,8 +232,7 @@ def test_warm_metadata_call_is_a_lookup_a_launch_and_the_plan_record(no_gpu_stre
         t["reduce_partial_map"], page_size=64, kv_granularity=1, max_seqlen_qo=1, uni_seqlen_qo=1))
     assert log == [("metadata", (0x4000, 0xABC))]
     assert metadata._plans[m.plan_key] is m.plan
-    assert py[1:] == ["get_mla_metadata_v1", "_fill_schedule", "raise_pending", "launch", "<lambda>",
-                      "fn"], py
+    assert py[1:] == ["get_mla_metadata_v1", "<lambda>", "fn"], py
     assert not FORBIDDEN_C & set(c) and "empty" not in c
 
 

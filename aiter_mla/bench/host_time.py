@@ -96,13 +96,15 @@ def host_times(heads: int = 128, dtype: str = "fp8", calls: int = 200, reps: int
     if progress:
         progress("launch_floor", out["launch_floor"])
     out["get_module_memo_us"] = _memo_us(heads, qlen, P, dt)
+    out["python_ref_us"] = _python_ref_us(q)
     torch.cuda.synchronize()
     return out
 
 
 def _launch_floor(decode, logits, attn_lse, q, o, calls: int, reps: int):
-    """µs of the two prepared launches alone (ctypes + the CUDA launches), where this tree's
-    decode op keeps prepared launches (else None): what a warm call costs beyond its key."""
+    """µs of the prepared decode and reduce launches alone (ctypes + the two CUDA launches: one
+    host call where the decode entry point chains the reduce, two in older trees), where this
+    tree's decode op keeps prepared launches (else None): what a warm call costs beyond its key."""
     try:
         from aiter_mla.ops import decode as dec
     except ImportError:
@@ -117,11 +119,28 @@ def _launch_floor(decode, logits, attn_lse, q, o, calls: int, reps: int):
     p = prepared[-1]
     ptrs = (q.data_ptr(), o.data_ptr(), None, logits.data_ptr(), attn_lse.data_ptr())
 
-    def both():
-        p.launch(*ptrs)
-        p.reduce.launch(ptrs[3], ptrs[4], ptrs[1], None)
+    if hasattr(p.reduce, "launch"):   # a tree whose reduce is a second host call
+        def both():
+            p.launch(*ptrs)
+            p.reduce.launch(ptrs[3], ptrs[4], ptrs[1], None)
+    else:
+        def both():
+            p.launch(*ptrs)
 
     return _rounds(both, calls, reps)
+
+
+def _python_ref_us(t, n: int = 20000) -> float:
+    """µs of a fixed piece of Python of the kind a warm call runs (20 ``id`` and 10
+    ``data_ptr`` of a tensor into a tuple): the process's interpreter speed, so that figures
+    from processes that run faster or slower can be told apart."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        (id(t), t.data_ptr(), id(t), t.data_ptr(), id(t), t.data_ptr(), id(t), t.data_ptr(),
+         id(t), t.data_ptr(), id(t), t.data_ptr(), id(t), t.data_ptr(), id(t), t.data_ptr(),
+         id(t), t.data_ptr(), id(t), t.data_ptr(), id(t), id(t), id(t), id(t), id(t), id(t),
+         id(t), id(t), id(t), id(t))
+    return (time.perf_counter() - t0) / n * 1e6
 
 
 def _memo_us(heads, qlen, page_size, dt, n: int = 10000) -> float:

@@ -219,7 +219,10 @@ def host_time_text(d: dict) -> str:
             f"caller-made plan **{us('mla_decode_fwd_no_alloc')}** with caller-given split buffers, "
             f"{us('mla_decode_fwd_alloc')} with AITER's freshly allocated ones, `mla_reduce_v1` "
             f"**{us('mla_reduce_v1')}**; the decode and reduce launches alone {us('launch_floor')}; "
-            f"`get_module` memo hit {d['get_module_memo_us']:.2f} µs.")
+            f"`get_module` memo hit {d['get_module_memo_us']:.2f} µs"
+            + (f"; this process's interpreter reference {d['python_ref_us']:.2f} µs (30 `id` / "
+               f"`data_ptr` into a tuple: a slower process shows here)" if "python_ref_us" in d else "")
+            + ".")
 
 
 def render_markdown(doc: dict, tag: str = "") -> str:

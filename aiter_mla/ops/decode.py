@@ -103,8 +103,9 @@ SIGNATURE = launch.Signature("aiter_mla_decode", (
     ("kv_indptr", _ptr), ("work_indptr", _ptr), ("work_indptr_len", _i64), ("work_info", _ptr),
     ("num_works", _i64), ("q_scale", _ptr), ("kv_scale", _ptr), ("q_rows", _i64),
     ("split_tokens", _i64), ("error_claim", _ptr), ("error_record", _ptr),
-    ("sm_scale", ctypes.c_float), ("num_heads", _int), ("num_clusters", _int), ("grid_x", _int),
-    ("num_batches", _int), ("total_q", _int), ("max_seqlen_q", _int), ("device", _int)))
+    ("reduce_launch", _ptr), ("reduce_args", _ptr), ("sm_scale", ctypes.c_float),
+    ("num_heads", _int), ("num_clusters", _int), ("grid_x", _int), ("num_batches", _int),
+    ("total_q", _int), ("max_seqlen_q", _int), ("device", _int)))
 
 
 def _decode_module(variant: tuple, _device_index: int):
@@ -343,17 +344,30 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
 class Prepared:
     """A checked decode launch: the loaded entry point and its filled ``DecodeArgs``, the
     device's error record, the split buffers' shapes, and (for ``mla_decode_fwd``) the reduce
-    launch. ``plan_key`` / ``plan``: the plan record the checks saw (``metadata._plans``);
-    a warm call requires it unchanged."""
+    launch, which the decode entry point runs right after its own (``chain_reduce``).
+    ``plan_key`` / ``plan``: the plan record the checks saw (``metadata._plans``); a warm call
+    requires it unchanged."""
 
     __slots__ = ("module", "fn", "args", "addr", "index", "sink", "split_shape", "lse_shape",
                  "reduce", "plan_key", "plan", "device")
 
+    def chain_reduce(self, r) -> None:
+        """Make the decode entry point launch the reduce ``r`` (a ``reduce.Prepared`` filled
+        with ``ask_errors=False``) after the decode: one host call for both kernels."""
+        self.reduce = r
+        self.args.reduce_launch, self.args.reduce_args = r.fn_addr, r.addr
+
     def launch(self, q_ptr: int, out_ptr: int, final_lse_ptr, split_ptr: int, split_lse_ptr: int) -> None:
+        """The decode launch (and the chained reduce's) on the current stream; raises the
+        recorded device error instead when there is one (nothing launched)."""
         rc = self.fn(self.addr, q_ptr, out_ptr, final_lse_ptr, split_ptr, split_lse_ptr,
                      raw_stream(self.index))
         if rc != 0:
-            self.module.check(rc, "mla decode launch")
+            self.fail(rc)
+
+    def fail(self, rc: int) -> None:
+        launch.fail(rc, self.module, "mla decode launch", self.sink,
+                    None if self.reduce is None else self.reduce.module)
 
 
 def _prepare(query, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr,
@@ -400,8 +414,8 @@ def _prepare(query, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
         q_scale=ptr(q_scale), kv_scale=ptr(kv_scale),
         q_rows=int(query.shape[0]) * num_heads,
         split_tokens=split_output.numel() // (num_heads * V_HEAD_DIM),
-        error_claim=sink.claim_ptr, error_record=sink.record_ptr,
-        sm_scale=float(softmax_scale), num_heads=num_heads, num_clusters=clusters,
+        error_claim=sink.claim_ptr, error_record=sink.record_ptr, reduce_launch=None,
+        reduce_args=None, sm_scale=float(softmax_scale), num_heads=num_heads, num_clusters=clusters,
         grid_x=launch_grid_x(params, clusters), num_batches=qo_indptr.numel() - 1,
         total_q=int(query.shape[0]), max_seqlen_q=max_seqlen_q, device=index)
     p.addr = ctypes.addressof(p.args)
@@ -437,12 +451,10 @@ def _key(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, w
 def _is_warm(p: Optional[Prepared], q, o) -> bool:
     """Whether the looked-up launch ``p`` serves this call: found, checked against the plan
     record that is current, and this call's q / o contiguous and aligned (what a key cannot
-    hold). Then a bad value an earlier kernel found is raised first (errors.DeviceIndexError)."""
-    if (p is None or metadata._plans.get(p.plan_key) is not p.plan or q.data_ptr() & 15
-            or not q.is_contiguous() or not o.is_contiguous()):
-        return False
-    p.sink.raise_pending()
-    return True
+    hold). A bad value an earlier kernel found is the entry point's to report
+    (``Prepared.fail``)."""
+    return (p is not None and metadata._plans.get(p.plan_key) is p.plan and q.is_contiguous()
+            and o.is_contiguous() and not q.data_ptr() & 15)
 
 
 @torch.library.custom_op(
@@ -540,7 +552,6 @@ def _hk_decode(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_
     p = _prepare(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
                  work_indptr, work_info_set, max_seqlen_q, softmax_scale, split_output,
                  split_lse, final_output, q_scale, kv_scale, final_lse)
-    p.sink.raise_pending()
     _launch_first(p, query.data_ptr(), final_output.data_ptr(),
                   None if final_lse is None else final_lse.data_ptr(), split_output.data_ptr(),
                   split_lse.data_ptr())
@@ -619,28 +630,24 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
             p = _prepared.entries.get(key)
         except (AttributeError, TypeError):   # a non-tensor, or an unhashable scalar
             key = p = None
-        if _is_warm(p, q, o):
-            if logits is None:   # AITER returns fresh split buffers: two allocations a call
-                logits = torch.empty(p.split_shape, dtype=torch.float32, device=p.device)
-                attn_lse = torch.empty(p.lse_shape, dtype=torch.float32, device=p.device)
-            if return_lse and final_lse is None:
-                final_lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=p.device)
-            elif not return_lse:
-                final_lse = None
-            o_ptr = o.data_ptr()
-            lse_ptr = None if final_lse is None else final_lse.data_ptr()
-            split_ptr, split_lse_ptr = logits.data_ptr(), attn_lse.data_ptr()
-            # the two launches inline, on one stream handle (Prepared.launch and
-            # reduce.Prepared.launch do the same; each Python frame costs the host ~0.2 µs)
-            stream = raw_stream(p.index)
-            rc = p.fn(p.addr, q.data_ptr(), o_ptr, lse_ptr, split_ptr, split_lse_ptr, stream)
-            if rc != 0:
-                p.module.check(rc, "mla decode launch")
-            r = p.reduce
-            rc = r.fn(r.addr, split_ptr, split_lse_ptr, o_ptr, lse_ptr, stream)
-            if rc != 0:
-                r.module.check(rc, "mla_reduce_v1: launch")
-            return logits, final_lse
+        # Inline: each Python frame costs the host ~0.2 µs (docs/perf/host_path_h200.md).
+        if (p is not None and metadata._plans.get(p.plan_key) is p.plan and q.is_contiguous()
+                and o.is_contiguous()):
+            q_ptr = q.data_ptr()
+            if not q_ptr & 15:
+                if logits is None:   # AITER returns fresh split buffers: two allocations a call
+                    logits = torch.empty(p.split_shape, dtype=torch.float32, device=p.device)
+                    attn_lse = torch.empty(p.lse_shape, dtype=torch.float32, device=p.device)
+                if return_lse and final_lse is None:
+                    final_lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=p.device)
+                elif not return_lse:
+                    final_lse = None
+                # one host call: the error record asked, then the decode and reduce launches
+                rc = p.fn(p.addr, q_ptr, o.data_ptr(), None if final_lse is None else final_lse.data_ptr(),
+                          logits.data_ptr(), attn_lse.data_ptr(), raw_stream(p.index))
+                if rc != 0:
+                    p.fail(rc)
+                return logits, final_lse
         return _mla_decode_fwd_cold(
             q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
             page_size, nhead_kv, sm_scale, logit_cap, work_meta_data, work_indptr,
@@ -759,12 +766,10 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
     if not capturing:
         reduce._check(logits, attn_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
                       max_seqlen_q, o, final_lse)
-    p.reduce = reduce.prepare(logits, reduce_indptr, reduce_final_map, reduce_partial_map,
-                              max_seqlen_q, o, final_lse)
-    p.sink.raise_pending()
-    o_ptr, lse_ptr = o.data_ptr(), None if final_lse is None else final_lse.data_ptr()
-    _launch_first(p, q.data_ptr(), o_ptr, lse_ptr, logits.data_ptr(), attn_lse.data_ptr())
-    p.reduce.launch(logits.data_ptr(), attn_lse.data_ptr(), o_ptr, lse_ptr)
+    p.chain_reduce(reduce.prepare(logits, reduce_indptr, reduce_final_map, reduce_partial_map,
+                                  max_seqlen_q, o, final_lse, ask_errors=False))
+    _launch_first(p, q.data_ptr(), o.data_ptr(), None if final_lse is None else final_lse.data_ptr(),
+                  logits.data_ptr(), attn_lse.data_ptr())
     if key is not None and not capturing:
         _prepared.put(key, p, (kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
                                work_indptr, work_info_set, q_scale, kv_scale,

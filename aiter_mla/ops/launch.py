@@ -16,6 +16,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 from ..jit import core as _jit_core
+from ..work_info import LAUNCH_ERROR_PENDING, LAUNCH_REDUCE_FAILED
 
 
 class Signature:
@@ -60,6 +61,20 @@ class Signature:
         if self.fixed:
             args = f"const {self.symbol}_args*, " + args
         return f"Signature({self.restype.__name__} {self.symbol}({args}))"
+
+
+def fail(rc: int, module, what: str, sink, chained=None) -> None:
+    """Raise what an entry point's nonzero return code ``rc`` means: LAUNCH_ERROR_PENDING (the
+    error record held an error, nothing was launched) raises it (``sink.raise_pending()``:
+    :class:`aiter_mla.ops.errors.DeviceIndexError`); LAUNCH_REDUCE_FAILED + e raises the
+    ``chained`` reduce module's error e; any other code is ``module``'s launch error, a
+    RuntimeError naming ``what``."""
+    if rc == LAUNCH_ERROR_PENDING:
+        sink.raise_pending()
+        raise RuntimeError(f"{what}: the error record was set and then cleared by another thread")
+    if chained is not None and rc > LAUNCH_REDUCE_FAILED:
+        chained.check(rc - LAUNCH_REDUCE_FAILED, "mla_reduce_v1: launch")
+    module.check(rc, what)
 
 
 class Loaded(NamedTuple):

@@ -308,7 +308,7 @@ SIGNATURE = launch.Signature("aiter_mla_get_metadata_v1", (("stream", _vp),), fi
     ("cap_final_map", _i64), ("cap_partial_map", _i64),
     ("num_batches", _i32), ("num_clusters", _i32), ("num_splits", _i32), ("page_size", _i32),
     ("kv_granularity", _i32), ("overhead", _i32), ("tail_threshold", _i32),
-    ("device", _i32)))
+    ("device", _i32), ("error_record", _vp)))
 
 
 def _metadata_module(_key, device_index: int):
@@ -370,25 +370,9 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     variant's first use in a process (all RuntimeError subclasses: ToolchainError, BuildError,
     CacheNotWritableError, LockTimeoutError, JitDisabledError, ModuleLoadError).
     """
-    _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
-                   num_heads_per_head_k, num_heads_k, work_metadata_ptrs, work_info_set,
-                   work_indptr, reduce_indptr, reduce_final_map, reduce_partial_map, page_size,
-                   kv_granularity, max_seqlen_qo, uni_seqlen_qo, fast_mode, topk,
-                   max_split_per_batch, intra_batch_mode, dtype_q, dtype_kv)
-
-
-def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_heads_per_head_k,
-                   num_heads_k, work_metadata_ptrs, work_info_set, work_indptr, reduce_indptr,
-                   reduce_final_map, reduce_partial_map, page_size, kv_granularity,
-                   max_seqlen_qo, uni_seqlen_qo, fast_mode, topk, max_split_per_batch,
-                   intra_batch_mode, dtype_q, dtype_kv, num_clusters=None) -> None:
-    """:func:`get_mla_metadata_v1`'s work (its argument order less ``is_causal``);
-    ``num_clusters``: the work-list count when the caller has it (the decode op computes it
-    once per call), else ``arch.num_clusters`` of the heads, q length and device."""
-    import torch
-
     # Warm: the same buffers (by object and data pointer) and arguments as a checked call
-    # before: one lookup, the launch, the plan record again (launch.IdentityCache).
+    # before: one lookup, the launch (whose entry point asks the error record first:
+    # launch.fail raises what it held), the plan record again (launch.IdentityCache).
     try:
         key = (id(seqlens_qo_indptr), seqlens_qo_indptr.data_ptr(), id(seqlens_kv_indptr),
                seqlens_kv_indptr.data_ptr(), id(kv_last_page_lens), kv_last_page_lens.data_ptr(),
@@ -398,15 +382,33 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
                reduce_final_map.data_ptr(), id(reduce_partial_map), reduce_partial_map.data_ptr(),
                num_heads_per_head_k, num_heads_k, page_size, kv_granularity, max_seqlen_qo,
                uni_seqlen_qo, fast_mode, topk, max_split_per_batch, intra_batch_mode, dtype_q,
-               dtype_kv, num_clusters)
+               dtype_kv)
         warm = _prepared.entries.get(key)
     except (AttributeError, TypeError):   # a non-tensor, or an unhashable argument
         key = warm = None
     if warm is not None:
-        warm.sink.raise_pending()
-        warm.launch()
+        rc = warm.fn(warm.addr, launch.raw_stream(warm.index))
+        if rc != 0:
+            launch.fail(rc, warm.module, "mla_metadata kernel launch", warm.sink)
         _plans[warm.plan_key] = warm.plan
         return
+    _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
+                   num_heads_per_head_k, num_heads_k, work_metadata_ptrs, work_info_set,
+                   work_indptr, reduce_indptr, reduce_final_map, reduce_partial_map, page_size,
+                   kv_granularity, max_seqlen_qo, uni_seqlen_qo, fast_mode, topk,
+                   max_split_per_batch, intra_batch_mode, dtype_q, dtype_kv, key=key)
+
+
+def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_heads_per_head_k,
+                   num_heads_k, work_metadata_ptrs, work_info_set, work_indptr, reduce_indptr,
+                   reduce_final_map, reduce_partial_map, page_size, kv_granularity,
+                   max_seqlen_qo, uni_seqlen_qo, fast_mode, topk, max_split_per_batch,
+                   intra_batch_mode, dtype_q, dtype_kv, num_clusters=None, key=None) -> None:
+    """:func:`get_mla_metadata_v1`'s checked work (its argument order less ``is_causal``);
+    ``num_clusters``: the work-list count when the caller has it (the decode op computes it
+    once per call), else ``arch.num_clusters`` of the heads, q length and device. ``key``: the
+    public op's warm-path key, under which the checked launch is kept (None: not kept)."""
+    import torch
 
     _unsupported_modes(is_sparse=bool(topk is not None and topk >= 0), fast_mode=fast_mode,
                        intra_batch_mode=intra_batch_mode)
@@ -482,7 +484,6 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
                             reduce_final_map, reduce_partial_map, nb=nb, nc=nc, nsplit=nsplit,
                             page_size=page_size, kv_granularity=kv_granularity,
                             max_seqlen_qo=max_seqlen_qo)
-        prepared.sink.raise_pending()
         prepared.launch()
     elif device.type == "cpu":
         sched = reference_schedule(
@@ -519,7 +520,7 @@ class Prepared:
     def launch(self) -> None:
         rc = self.fn(self.addr, launch.raw_stream(self.index))
         if rc != 0:
-            self.module.check(rc, "mla_metadata kernel launch")
+            launch.fail(rc, self.module, "mla_metadata kernel launch", self.sink)
 
 
 def _prepare(device, qo_indptr, kv_indptr, kv_last_page_lens, work_metadata_ptrs, work_info_set,
@@ -547,6 +548,6 @@ def _prepare(device, qo_indptr, kv_indptr, kv_last_page_lens, work_metadata_ptrs
         cap_final_map=reduce_final_map.shape[0], cap_partial_map=reduce_partial_map.numel(),
         num_batches=nb, num_clusters=nc, num_splits=nsplit, page_size=page_size,
         kv_granularity=kv_granularity, overhead=overhead_blocks(page_size),
-        tail_threshold=max_seqlen_qo, device=index)
+        tail_threshold=max_seqlen_qo, device=index, error_record=p.sink.record_ptr)
     p.addr = ctypes.addressof(p.args)
     return p

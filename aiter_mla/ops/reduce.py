@@ -29,7 +29,7 @@ SIGNATURE = launch.Signature("aiter_mla_reduce_v1", (
     ("out_stride_s", _I64), ("out_stride_h", _I64), ("out_stride_d", _I64),
     ("lse_stride_s", _I64), ("lse_stride_h", _I64), ("num_partial_rows", _I64),
     ("partial_map_len", _I64), ("total_q", _I32), ("num_heads", _I32), ("num_tiles", _I32),
-    ("max_seqlen_q", _I32), ("device", _I32)))
+    ("max_seqlen_q", _I32), ("device", _I32), ("error_record", _P)))
 
 
 def _reduce_module(_key, device_index: int):
@@ -105,27 +105,24 @@ def _check(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_
 
 class Prepared:
     """A checked reduce launch: the loaded entry point, its filled ``ReduceArgs`` and the
-    device's error record. ``launch(...)`` runs it on the current stream."""
+    device's error record (which the entry point asks before it launches, unless the args were
+    filled for a caller that asks it). ``fn_addr``: the entry point's address, for the decode
+    entry that chains it."""
 
-    __slots__ = ("module", "fn", "args", "addr", "index", "sink")
+    __slots__ = ("module", "fn", "fn_addr", "args", "addr", "index", "sink")
 
     def __init__(self, args, index: int):
         self.module, self.fn = _entry_points.get(None, index)
+        self.fn_addr = ctypes.cast(self.fn, ctypes.c_void_p).value
         self.args, self.addr, self.index = args, ctypes.addressof(args), index
         self.sink = errors.sink(index)
 
-    def launch(self, partial_output_ptr: int, partial_lse_ptr: int, final_output_ptr: int,
-               final_lse_ptr) -> None:
-        rc = self.fn(self.addr, partial_output_ptr, partial_lse_ptr, final_output_ptr,
-                     final_lse_ptr, raw_stream(self.index))
-        if rc != 0:
-            self.module.check(rc, "mla_reduce_v1: launch")
-
 
 def prepare(partial_output, reduce_indptr, reduce_final_map, reduce_partial_map, max_seqlen_q,
-            final_output, final_lse) -> Prepared:
+            final_output, final_lse, ask_errors: bool = True) -> Prepared:
     """The launch for tensors that passed ``_check`` (the decode op calls this with its own
-    buffers, already checked)."""
+    buffers, already checked, and ``ask_errors=False``: its entry point asks the error record
+    before it launches both kernels)."""
     so, sh, sd = final_output.stride()
     ls, lh = final_lse.stride() if final_lse is not None else (0, 0)
     po_shape = partial_output.shape
@@ -136,7 +133,8 @@ def prepare(partial_output, reduce_indptr, reduce_final_map, reduce_partial_map,
         out_stride_d=sd, lse_stride_s=ls, lse_stride_h=lh, num_partial_rows=po_shape[0],
         partial_map_len=reduce_partial_map.numel(), total_q=final_output.shape[0],
         num_heads=po_shape[-2], num_tiles=reduce_indptr.numel() - 1, max_seqlen_q=max_seqlen_q,
-        device=partial_output.device.index)
+        device=partial_output.device.index,
+        error_record=errors.sink(partial_output.device.index).record_ptr if ask_errors else None)
     return Prepared(args, partial_output.device.index)
 
 
@@ -148,7 +146,8 @@ def _launch(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce
             max_seqlen_q, final_output, final_lse) -> None:
     # Warm: the checks of this call's shapes, dtypes, devices and schedule tensors passed before
     # (the schedule tensors by identity: their object and data pointer), so a dict lookup
-    # replaces them. Checks read only metadata (no sync); a captured graph skips them too.
+    # replaces them. Checks read only metadata (no sync); a captured graph skips them too. The
+    # entry point asks the error record before it launches (launch.fail raises what it held).
     try:
         # per-call tensors by what their checks and the fixed strides depend on
         key = (partial_output.shape, partial_output.stride(), partial_output.dtype,
@@ -172,9 +171,11 @@ def _launch(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce
                        max_seqlen_q, final_output, final_lse)
         if not capturing and key is not None:
             _prepared.put(key, prep, (reduce_indptr, reduce_final_map, reduce_partial_map))
-    prep.sink.raise_pending()
-    prep.launch(partial_output.data_ptr(), partial_lse.data_ptr(), final_output.data_ptr(),
-                final_lse.data_ptr() if final_lse is not None else None)
+    rc = prep.fn(prep.addr, partial_output.data_ptr(), partial_lse.data_ptr(),
+                 final_output.data_ptr(), None if final_lse is None else final_lse.data_ptr(),
+                 raw_stream(prep.index))
+    if rc != 0:
+        launch.fail(rc, prep.module, "mla_reduce_v1: launch", prep.sink)
 
 
 @torch.library.custom_op("aiter_mla::mla_reduce_v1", mutates_args=("final_output", "final_lse"))

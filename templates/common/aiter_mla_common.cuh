@@ -236,6 +236,18 @@ static inline cudaError_t aiter_mla_select_device(int device) {
   return cudaSuccess;
 }
 
+// Whether the host error record (ops/errors.py: `slots` slots of `slot_words` int64 words, the
+// code first; pinned memory the kernels write) holds an error an earlier kernel found. An entry
+// point asks before it launches anything and then returns LAUNCH_ERROR_PENDING (a template
+// global), so the op raises that error before this call's work, without a sync. Null: no record.
+static inline bool aiter_mla_error_pending(const void* record, int slots, int slot_words) {
+  if (record == nullptr) return false;
+  const volatile long long* words = static_cast<const volatile long long*>(record);
+  for (int s = 0; s < slots; ++s)
+    if (words[s * slot_words] != 0) return true;
+  return false;
+}
+
 // ---- programmatic dependent launch (PDL, sm_90+) ------------------------------------------
 // The metadata, decode and reduce kernels are launched with programmatic stream serialization:
 // a kernel may start (CTA launch, barrier set-up) while the previous kernel in the stream is
