@@ -3,7 +3,9 @@ one KV head, paged KV cache), re-creating AMD AITER's "HK MLA" decode subsystem.
 
 Public ops (AITER's names and argument orders):
 ``get_mla_metadata_info_v1``, ``get_mla_metadata_v1``, ``mla_decode_fwd``,
-``hk_mla_decode_fwd``, ``mla_reduce_v1``; ``check_errors`` / ``DeviceIndexError``: the bad
+``hk_mla_decode_fwd``, ``mla_reduce_v1``. For engines: :class:`MlaDecodePlanner` (sized once,
+``plan`` per step, ``run`` per layer) and ``concat_and_cache_mla`` (new tokens into the paged
+cache). ``check_errors`` / ``DeviceIndexError``: the bad
 index values the kernels found (:mod:`aiter_mla.ops.errors`); the float64 reference is
 :mod:`aiter_mla.reference`.
 """
@@ -19,6 +21,8 @@ _LAZY = {
     "get_mla_metadata_info_v1": ("aiter_mla.ops.metadata", "get_mla_metadata_info_v1"),
     "get_mla_metadata_v1": ("aiter_mla.ops.metadata", "get_mla_metadata_v1"),
     "check_errors": ("aiter_mla.ops.errors", "check_errors"),
+    "MlaDecodePlanner": ("aiter_mla.ops.planner", "MlaDecodePlanner"),
+    "concat_and_cache_mla": ("aiter_mla.ops.cache", "concat_and_cache_mla"),
     "DeviceIndexError": ("aiter_mla.ops.errors", "DeviceIndexError"),
 }
 __all__ = sorted(_LAZY)

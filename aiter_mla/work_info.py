@@ -39,7 +39,8 @@ KERNEL_DTYPES = {"float8_e4m3fn": "fp8", "bfloat16": "bf16"}
 
 #: What the decode kernel checks on the device and reports in the error record
 #: (``ops/errors.py`` turns a record into a ValueError; templates/common/aiter_mla_errors.cuh
-#: writes it). Code = position + 1 (0: no error); each is an ``ERR_<NAME>`` Jinja global.
+#: writes it; the decode kernel checks all but "slot_mapping", which the cache-append kernel
+#: checks). Code = position + 1 (0: no error); each is an ``ERR_<NAME>`` Jinja global.
 DEVICE_ERRORS = (
     "kv_index",            # kv_indices[index] = value outside [0, bound = num_pages)
     "qo_indptr_start",     # qo_indptr[0] = value != 0
@@ -50,6 +51,7 @@ DEVICE_ERRORS = (
     "kv_indptr_order",     # kv_indptr[index + 1] = value < kv_indptr[index] = bound
     "kv_indptr_end",       # kv_indptr[-1] = value > bound = len(kv_indices)
     "last_page_len",       # kv_last_page_lens[index] = value outside [1, bound = page_size]
+    "slot_mapping",        # slot_mapping[index] = value >= bound = cache rows (concat_and_cache_mla)
     "work_indptr_range",   # work_indptr[index] = value outside [0, bound = works]
     "work_lists_unrun",    # work_indptr[index = lists] = value != bound = work_indptr[-1]
     "work_batch",          # work_info_set[index].batch_idx = value outside [0, bound = batches)

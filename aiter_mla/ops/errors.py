@@ -11,9 +11,11 @@ words that let one thread claim a slot. Two slots: the inputs' own values (the b
 the page ids), then the schedule's records, whose errors usually follow from a bad layout; the
 first is reported first. Reading the record costs the host a memory load, no synchronisation.
 
+The cache-append kernel (``concat_and_cache_mla``) checks its ``slot_mapping`` the same way.
+
 When it surfaces: at the first ``aiter_mla`` op call on that device (``mla_decode_fwd``,
-``hk_mla_decode_fwd``, ``mla_reduce_v1``, ``get_mla_metadata_v1``) that starts after the
-faulty kernel finished, or at :func:`check_errors`, which waits for the device first. The op
+``hk_mla_decode_fwd``, ``mla_reduce_v1``, ``get_mla_metadata_v1``, ``concat_and_cache_mla``)
+that starts after the faulty kernel finished, or at :func:`check_errors`, which waits for the device first. The op
 raises :class:`DeviceIndexError` (a ValueError) naming the argument, the entry, its value and
 the bound, and clears the record. The outputs of the call that launched the faulty kernel are
 not valid; the call raising the error launches nothing. The record is made at the first op
@@ -44,6 +46,8 @@ _MESSAGES = {
     "kv_indptr_end": "kv_indptr[-1] = {value} exceeds len(kv_indices) = {bound}",
     "last_page_len": "kv_last_page_lens[{index}] = {value} must be in [1, page_size={bound}] for a "
                      "batch with pages",
+    "slot_mapping": "slot_mapping[{index}] = {value} is past the kv_cache's {bound} token slots "
+                    "(num_pages x page_size; negative slots are padding and skipped)",
     "work_indptr_range": "work_indptr[{index}] = {value} is outside [0, num_works={bound}] (the rows "
                          "of work_info_set)",
     "work_lists_unrun": "work_indptr[{index}] = {value} must equal work_indptr[-1] = {bound}: the "
@@ -126,8 +130,8 @@ class Sink:
             raise RuntimeError(f"aiter_mla: unknown device error code {code} on cuda:{self.device}")
         text = _MESSAGES[name].format(index=index, next=index + 1, value=value, bound=bound)
         raise DeviceIndexError(
-            f"{text} (found by the mla decode kernel on cuda:{self.device}; that call's outputs "
-            f"are not valid)", code=name, index=index, value=value, bound=bound, device=self.device)
+            f"{text} (found by the {'cache-append' if name == 'slot_mapping' else 'mla decode'} "
+            f"kernel on cuda:{self.device}; that call's outputs are not valid)", code=name, index=index, value=value, bound=bound, device=self.device)
 
 
 _sinks: dict[int, Sink] = {}

@@ -1,0 +1,57 @@
+"""Our decode op inside transformers' DeepSeek-V3 (issue 23, item 6): every layer's attention
+output against transformers' own, the greedy tokens of a bf16 run against transformers alone,
+our op's call count per layer, and a negative control (sm_scale = 1/sqrt(576) must fail).
+Runs ``examples/deepseek_v3_decode.py``; skips where transformers is missing."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers", reason="transformers is not installed (the GPU host has it)")
+import torch  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "deepseek_v3_decode.py"
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("deepseek_v3_decode", EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_adapter_with_the_float64_reference_matches_transformers():
+    """The adapter itself (absorption, rope, paged cache, scale) with the reference in place of
+    the op, on the CPU: within the bf16 tolerance, and the wrong scale is caught."""
+    ex = _example()
+    res = ex.run("bf16", 64, steps=2, backend="reference", device="cpu")
+    assert res["calls_per_layer"] == [2, 2, 2]
+    assert max(res["max_rel_l2_per_layer"]) <= ex.TOLERANCE["bf16"], res["max_rel_l2_per_layer"]
+    assert abs(res["sm_scale"] - res["model_scaling"]) < 1e-12 and res["sm_scale"] > 0.13
+    bad = ex.run("bf16", 64, steps=1, backend="reference", device="cpu", wrong_scale=True)
+    assert max(bad["max_rel_l2_per_layer"]) > 10 * ex.TOLERANCE["bf16"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,page", [("bf16", 64), ("bf16", 1), ("fp8", 64), ("fp8", 1)])
+def test_our_op_in_every_layer_matches_transformers(dtype, page):
+    ex = _example()
+    steps = 8
+    res = ex.run(dtype, page, steps=steps, backend="aiter")
+    print(f"{dtype} page {page}: per-layer max rel L2 {res['max_rel_l2_per_layer']}, "
+          f"tokens match {res['tokens_match']}, min top-2 margin {res['min_top2_margin']:.3f}")
+    assert res["calls_per_layer"] == [steps] * 3   # our op ran in every layer, every step
+    assert max(res["max_rel_l2_per_layer"]) <= ex.TOLERANCE[dtype], res["max_rel_l2_per_layer"]
+    if dtype == "bf16":
+        assert res["tokens_match"], (res["ref_tokens"], res["our_tokens"])
+
+
+@pytest.mark.gpu
+def test_the_wrong_softmax_scale_fails_the_comparison():
+    ex = _example()
+    res = ex.run("bf16", 64, steps=2, backend="aiter", wrong_scale=True)
+    assert res["calls_per_layer"] == [2, 2, 2]
+    assert max(res["max_rel_l2_per_layer"]) > 10 * ex.TOLERANCE["bf16"], res["max_rel_l2_per_layer"]
+    assert torch.cuda.is_available()

@@ -1,0 +1,208 @@
+"""The engine-facing API (issue 23, item 5): ``concat_and_cache_mla`` against a torch model of
+the cache write, and ``MlaDecodePlanner`` in a multi-layer decode loop against the float64
+reference, eager and in a CUDA graph. CPU tests cover the argument checks."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import aiter_mla
+from aiter_mla.ops import decode as dec
+from aiter_mla.reference import mla_decode_ref, relative_l2
+
+gpu = pytest.mark.gpu
+FP8_MAX = 448.0
+
+
+# ------------------------------------------------------------------------------------------
+# CPU: argument checks
+
+
+@pytest.mark.parametrize("kwargs,exc,text", [
+    (dict(max_batch_size=0), ValueError, "max_batch_size must be an int >= 1, got 0"),
+    (dict(max_batch_size=2.0), TypeError, "max_batch_size must be an int"),
+    (dict(sm_scale=float("nan")), ValueError, "sm_scale must be a finite float > 0"),
+    (dict(sm_scale=None), ValueError, "sm_scale must be a finite float > 0, got None"),
+    (dict(max_num_pages=-3), ValueError, "max_num_pages must be an int >= 1, got -3"),
+    (dict(num_heads=40), NotImplementedError, r"\(40, 1\) is not supported"),
+    (dict(dtype=torch.float16), NotImplementedError, "dtype must be one of"),
+])
+def test_planner_names_a_bad_argument(kwargs, exc, text):
+    args = dict(max_batch_size=4, num_heads=128, sm_scale=0.1, max_num_pages=16) | kwargs
+    with pytest.raises(exc, match=text):
+        aiter_mla.MlaDecodePlanner(args.pop("max_batch_size"), args.pop("num_heads"), **args)
+
+
+def _append_args(tokens=3, dtype=torch.bfloat16, device="cpu"):
+    return dict(kv_c=torch.zeros(tokens, 512, dtype=torch.bfloat16, device=device),
+                k_pe=torch.zeros(tokens, 64, dtype=torch.bfloat16, device=device),
+                kv_cache=torch.zeros(4, 16, 1, 576, dtype=dtype, device=device),
+                slot_mapping=torch.zeros(tokens, dtype=torch.int64, device=device))
+
+
+@pytest.mark.parametrize("change,exc,text", [
+    (dict(kv_cache=torch.zeros(4, 16, 1, 576, dtype=torch.bfloat16)), ValueError, "kv_cache must be a CUDA tensor"),
+    (dict(kv_cache=[1, 2]), TypeError, "kv_cache must be a torch.Tensor, got list"),
+])
+def test_cache_append_names_a_bad_argument_on_cpu(change, exc, text):
+    args = _append_args() | change
+    with pytest.raises(exc, match=text):
+        aiter_mla.concat_and_cache_mla(**args)
+
+
+# ------------------------------------------------------------------------------------------
+# GPU: the cache write
+
+
+def _e4m3(x: torch.Tensor) -> torch.Tensor:
+    """The model of the fp8 store: saturate to +-448, round to nearest even (torch's cast)."""
+    return torch.where(torch.isnan(x), x, x.clamp(-FP8_MAX, FP8_MAX)).to(torch.float8_e4m3fn)
+
+
+@gpu
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_cache_append_writes_each_slot_and_only_those(cache_dtype):
+    g = torch.Generator(device="cpu").manual_seed(3)
+    pages, page, T = 5, 16, 7
+    fused = (torch.randn(T, 600, generator=g) * 3).to(torch.bfloat16).cuda()   # strided views
+    kv_c, k_pe = fused[:, :512], fused[:, 520:584]
+    slots = torch.tensor([17, 0, -1, 79, 33, -5, 64], dtype=torch.int64).cuda()
+    cache = torch.full((pages, page, 1, 576), float("nan"), dtype=torch.float32)
+    cache = cache.to(cache_dtype).cuda()
+    scale = torch.tensor([0.05], dtype=torch.float32, device="cuda") if cache_dtype != torch.bfloat16 else None
+    aiter_mla.concat_and_cache_mla(kv_c, k_pe, cache, slots, kv_scale=scale)
+    torch.cuda.synchronize()
+    flat = cache.view(-1, 576).float().cpu()
+    rows = torch.cat([kv_c, k_pe], dim=1).float().cpu()
+    written = set()
+    for t, s in enumerate(slots.tolist()):
+        if s < 0:
+            continue
+        written.add(s)
+        want = rows[t] if scale is None else _e4m3(rows[t] / 0.05).float()
+        assert torch.equal(flat[s], want), (t, s)
+    if scale is not None:   # the large values saturated instead of becoming NaN
+        assert (rows / 0.05).abs().max() > FP8_MAX and flat[sorted(written)].abs().max() == FP8_MAX
+    others = [r for r in range(pages * page) if r not in written]
+    assert torch.isnan(flat[others]).all(), "a slot that was not named was written"
+
+
+@gpu
+def test_cache_append_reports_a_slot_past_the_cache():
+    args = _append_args(tokens=4, device="cuda")
+    args["slot_mapping"] = torch.tensor([3, 5, 64, 2], dtype=torch.int64, device="cuda")   # 64 slots
+    before = args["kv_cache"].clone()
+    aiter_mla.concat_and_cache_mla(**args)
+    with pytest.raises(aiter_mla.DeviceIndexError, match=r"slot_mapping\[2\] = 64 is past the kv_cache's 64"):
+        aiter_mla.check_errors()
+    torch.cuda.synchronize()
+    changed = (args["kv_cache"].view(-1, 576) != before.view(-1, 576)).any(dim=1).nonzero().flatten().tolist()
+    assert changed == [] or set(changed) <= {2, 3, 5}   # zeros written over zeros: no change shows
+
+
+# ------------------------------------------------------------------------------------------
+# GPU: a decode loop over several layers
+
+
+def _page_table(g, ctx, page, spare=3):
+    """Random distinct page ids per request, for ctx + spare tokens."""
+    need = [-(-(c + spare) // page) for c in ctx]
+    ids = torch.randperm(sum(need) + 4, generator=g)[:sum(need)].to(torch.int32)
+    table, at = [], 0
+    for n in need:
+        table.append(ids[at:at + n])
+        at += n
+    return table, sum(need) + 4
+
+
+def _layout(table, ctx, page, device="cuda"):
+    pages = [-(-c // page) for c in ctx]
+    kv_indptr = torch.tensor([0] + list(torch.tensor(pages).cumsum(0).tolist()), dtype=torch.int32)
+    kv_indices = torch.cat([t[:n] for t, n in zip(table, pages)])
+    last = torch.tensor([c - (n - 1) * page for c, n in zip(ctx, pages)], dtype=torch.int32)
+    qo = torch.arange(len(ctx) + 1, dtype=torch.int32)
+    return [x.to(device) for x in (qo, kv_indptr, kv_indices, last)]
+
+
+def _slots(table, positions, page):
+    return torch.tensor([int(table[b][p // page]) * page + p % page for b, p in positions],
+                        dtype=torch.int64, device="cuda")
+
+
+@gpu
+@pytest.mark.parametrize("dtype,page", [(torch.bfloat16, 64), (torch.float8_e4m3fn, 64),
+                                        (torch.bfloat16, 1), (torch.float8_e4m3fn, 1)],
+                         ids=["bf16-p64", "fp8-p64", "bf16-p1", "fp8-p1"])
+def test_planner_decode_loop_matches_the_reference_layer_by_layer(dtype, page):
+    """Prefill by concat_and_cache_mla, then decode steps of one new token per request over 3
+    layers: plan per step (the batch shrinks from 5 to 3 requests once), append + run per layer,
+    each layer's output against float64 on the dequantized cache; steps after the first of a
+    batch size are warm (no new checked entries); a CUDA graph of plan + run replays correctly
+    after the layout is refilled."""
+    g = torch.Generator(device="cpu").manual_seed(11)
+    H, L, fp8 = 128, 3, dtype == torch.float8_e4m3fn
+    ctx = [37, 130, 1, 64, 250]
+    table, num_pages = _page_table(g, ctx, page, spare=4)
+    sm_scale = 0.1352
+    kv_scale = torch.tensor([0.03], device="cuda") if fp8 else None
+    q_scale = torch.tensor([0.02], device="cuda") if fp8 else None
+    caches = [torch.full((num_pages, page, 1, 576), float("nan")).to(dtype).cuda() for _ in range(L)]
+    for layer in range(L):   # prefill
+        pos = [(b, p) for b, c in enumerate(ctx) for p in range(c)]
+        rows = torch.randn(len(pos), 576, generator=g).to(torch.bfloat16).cuda()
+        aiter_mla.concat_and_cache_mla(rows[:, :512], rows[:, 512:], caches[layer], _slots(table, pos, page),
+                                       kv_scale=kv_scale)
+    planner = aiter_mla.MlaDecodePlanner(8, H, sm_scale=sm_scale, max_num_pages=num_pages, page_size=page,
+                                         dtype=dtype)
+    tol = 3e-2 if fp8 else 5e-3
+    new_entries = []
+    for step, batch in enumerate([5, 5, 3, 3]):
+        before = set(dec._prepared.entries)
+        live = list(range(batch))
+        positions = [(b, ctx[b]) for b in live]
+        for b in live:
+            ctx[b] += 1
+        layout = _layout([table[b] for b in live], [ctx[b] for b in live], page)
+        planner.plan(*layout[:2], layout[2], layout[3])
+        for layer in range(L):
+            rows = torch.randn(batch, 576, generator=g).to(torch.bfloat16).cuda()
+            aiter_mla.concat_and_cache_mla(rows[:, :512], rows[:, 512:], caches[layer],
+                                           _slots(table, positions, page), kv_scale=kv_scale)
+            q = (torch.randn(batch, H, 576, generator=g) * (20 if fp8 else 1)).to(dtype).cuda()
+            out = torch.empty(batch, H, 512, dtype=torch.bfloat16, device="cuda")
+            o, lse = planner.run(q, caches[layer], out, return_lse=True, q_scale=q_scale, kv_scale=kv_scale)
+            assert o is out
+            ref, ref_lse = mla_decode_ref(q, caches[layer], *layout, sm_scale=sm_scale, q_scale=q_scale,
+                                          kv_scale=kv_scale, fp8_p=fp8)
+            err = relative_l2(o.double(), ref)
+            assert err <= tol, (step, layer, err)
+            assert (lse.double() - ref_lse).abs().max().item() < (2e-2 if fp8 else 2e-3), (step, layer)
+        aiter_mla.check_errors()
+        new_entries.append(len(set(dec._prepared.entries) - before))
+    # a new batch size checks each layer's launch once; a repeated one is the decode op's warm
+    # path: no new checked launches
+    assert new_entries == [L, 0, L, 0], new_entries
+
+    # a CUDA graph over plan + run, replayed after the layout and the query are refilled in place
+    lay = _layout([table[b] for b in range(3)], [ctx[b] for b in range(3)], page)
+    static = [t.clone() for t in lay]
+    q = (torch.randn(3, H, 576, generator=g) * (20 if fp8 else 1)).to(dtype).cuda()
+    out = torch.empty(3, H, 512, dtype=torch.bfloat16, device="cuda")
+    planner.plan(*static)
+    planner.run(q, caches[0], out, q_scale=q_scale, kv_scale=kv_scale)   # warm before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        planner.plan(*static)
+        planner.run(q, caches[0], out, q_scale=q_scale, kv_scale=kv_scale)
+    ctx2 = [c - 2 for c in ctx[:3]]
+    for dst, src in zip(static, _layout([table[b] for b in range(3)], ctx2, page)):
+        dst[:src.numel()].copy_(src)
+    q.copy_((torch.randn(3, H, 576, generator=g) * (20 if fp8 else 1)).to(dtype).cuda())
+    graph.replay()
+    torch.cuda.synchronize()
+    ref, _ = mla_decode_ref(q, caches[0], *static, sm_scale=sm_scale, q_scale=q_scale, kv_scale=kv_scale,
+                            fp8_p=fp8)
+    assert relative_l2(out.double(), ref) <= tol
+    assert math.isfinite(relative_l2(out.double(), ref))
