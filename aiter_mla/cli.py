@@ -101,7 +101,7 @@ def _cache_root_hint(exc: BaseException) -> str:
 
     for cache in core._get_state().caches:
         if Path(filename).absolute().is_relative_to(cache.root):
-            how = f"AITER_MLA_CACHE_DIR={cache.root}" if cache.explicit else "the default cache root"
+            how = f"{cache.origin}={cache.root}" if cache.explicit else "the default cache root"
             return f" (a path in the JIT cache root {cache.root}, {how}: it must be a writable folder)"
     return ""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -191,6 +192,46 @@ class FakeJit:
         return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 cwd=str(REPO), start_new_session=True)
+
+
+def run_read_only(ro_dirs, cmd: list[str], env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in a child that sees every folder of ``ro_dirs`` read-only, all the way down:
+    a private read-only bind mount for root (chmod does not stop root), else ``chmod -R a-w``
+    for the run (modes restored after). Skips the test where neither can be done."""
+    if os.geteuid() != 0:
+        modes = {}
+        for d in ro_dirs:
+            for p in [Path(d), *Path(d).rglob("*")]:
+                if not p.is_symlink():
+                    modes[p] = p.stat().st_mode
+        for p, mode in sorted(modes.items(), key=lambda kv: len(kv[0].parts), reverse=True):
+            p.chmod(mode & ~0o222)   # children first: a read-only folder's entries stay reachable
+        try:
+            return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        finally:
+            for p, mode in sorted(modes.items(), key=lambda kv: len(kv[0].parts)):
+                p.chmod(mode)
+    # absolute paths: the child's env may have a PATH without them (a machine with no compiler)
+    unshare, sh, mount = (shutil.which(t) for t in ("unshare", "sh", "mount"))
+    if None in (unshare, sh, mount):
+        pytest.skip("root without unshare(1)/mount(8): cannot make a folder read-only for the test")
+    probe = subprocess.run([unshare, "-m", sh, "-c", f"{mount} --bind -o ro / /tmp 2>/dev/null; exit 0"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("unshare -m is not permitted here: cannot make a read-only mount")
+    mounts = " && ".join(f"{mount} --bind -o ro {shlex.quote(str(d))} {shlex.quote(str(d))}" for d in ro_dirs)
+    return subprocess.run([unshare, "-m", sh, "-c", f'{mounts} && exec "$0" "$@"', *cmd], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def tree_snapshot(root: Path) -> dict[str, tuple]:
+    """(kind, size, mtime_ns, mode) of every path under ``root``: equal snapshots mean nothing
+    under it was written, created, removed or touched."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        out[str(p.relative_to(root))] = (p.is_dir(), st.st_size, st.st_mtime_ns, st.st_mode)
+    return out
 
 
 @pytest.fixture

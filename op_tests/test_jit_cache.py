@@ -20,6 +20,7 @@ import pytest
 from aiter_mla.jit import core
 from aiter_mla.jit.cache import Cache, CacheNotWritableError, LockTimeoutError
 from aiter_mla.jit.toolchain import BuildError
+from conftest import run_read_only
 
 P = dict(arch="sm_90a", n=1, flavor="a")
 
@@ -298,29 +299,10 @@ def test_warm_hit_in_new_process_starts_no_subprocess(fake_jit):
 
 
 def _readonly_child(fake_jit, ro_dirs, code, extra_env=None, argv=()):
-    """Run ``code`` (with ``argv`` as sys.argv[1:]) in a child that sees ``ro_dirs`` read-only:
-    a private read-only bind mount for root (chmod does not stop root), chmod 0555 otherwise."""
+    """Run ``code`` (with ``argv`` as sys.argv[1:]) in a child that sees ``ro_dirs`` read-only
+    (conftest.run_read_only)."""
     env = {**fake_jit.env, **(extra_env or {})}
-    py = [sys.executable, "-c", textwrap.dedent(code), *argv]
-    if os.geteuid() != 0:
-        for d in ro_dirs:
-            os.chmod(d, 0o555)
-        try:
-            return subprocess.run(py, env=env, capture_output=True, text=True, timeout=120)
-        finally:
-            for d in ro_dirs:
-                os.chmod(d, 0o755)
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        pytest.skip("root without unshare(1): cannot make a folder read-only for the test")
-    mounts = " && ".join(f"mount --bind -o ro {d} {d}" for d in ro_dirs)
-    script = f'{mounts} && exec "$0" "$@"'
-    probe = subprocess.run([unshare, "-m", "sh", "-c", "mount --bind -o ro / /tmp 2>/dev/null; exit 0"],
-                           capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip("unshare -m is not permitted here: cannot make a read-only mount")
-    return subprocess.run([unshare, "-m", "sh", "-c", script, *py], env=env, capture_output=True,
-                          text=True, timeout=120)
+    return run_read_only(ro_dirs, [sys.executable, "-c", textwrap.dedent(code), *argv], env)
 
 
 def test_prefilled_read_only_cache_still_loads(fake_jit):

@@ -2,7 +2,8 @@
 
 Layout under the root (``AITER_MLA_CACHE_DIR``, default ``~/.cache/aiter_mla``)::
 
-    entries/<key>/       meta.json (manifest, artifact size + sha256, arch, readable name),
+    entries/<key>/       meta.json (manifest, artifact size + sha256, arch, readable name,
+                         toolchain-free lookup id: found without a compiler, core.py),
                          lib.so or code.hsaco, source.cu, build.log     -- never rewritten
     index/<lookup id>    the key that a lookup id resolved to (warm-hit shortcut, key.py)
     locks/<key>.lock     one flock per key (kept: deleting a lock file lets two builders in)
@@ -233,12 +234,15 @@ def is_cache_key(name: str) -> bool:
 
 
 class Cache:
-    """One cache root. ``explicit``: the root came from ``AITER_MLA_CACHE_DIR``."""
+    """One cache root. ``explicit``: the root was named by the user, through ``origin``
+    (``AITER_MLA_CACHE_DIR``, or ``--cache-dir`` of a command), which messages name."""
 
-    def __init__(self, root: Path, explicit: bool):
+    def __init__(self, root: Path, explicit: bool, origin: str = "AITER_MLA_CACHE_DIR"):
         self.root = Path(root)
         self.explicit = explicit
+        self.origin = origin
         self._lock_kw: dict | None = None
+        self._by_id: tuple | None = None   # (entries/ stamp, {id: [(built_at, key)]})
 
     # ----- paths
     def entry_dir(self, key: str) -> Path:
@@ -291,6 +295,43 @@ class Cache:
                                    f"meta.json says {art['size']} bytes {art['sha256'][:12]}...")
         return Entry(key, d, path, meta)
 
+    def find_by_id(self, ident: str, arch: str, ids_of) -> Entry | Corrupt | None:
+        """The newest verified entry (``built_at``, then the larger key) among those whose
+        ``ids_of(meta)`` includes ``ident``; else the first damaged one; else None. Read-only:
+        ``ids_of(meta)`` gives the ids a parsed meta.json answers to. Each meta.json is read
+        once per process while ``entries/`` is unchanged (its mtime and inode)."""
+        d = self.root / "entries"
+        try:
+            st = d.stat()
+            stamp = (st.st_mtime_ns, st.st_ino, ids_of)
+        except OSError:
+            return None
+        if self._by_id is None or self._by_id[0] != stamp:
+            self._by_id = (stamp, self._scan_ids(d, ids_of))
+        damaged = None
+        for _, key in sorted(self._by_id[1].get(ident, ()), reverse=True):
+            got = self.read_entry(key, arch)
+            if isinstance(got, Entry):
+                return got
+            damaged = damaged or got
+        return damaged
+
+    @staticmethod
+    def _scan_ids(entries: Path, ids_of) -> dict[str, list[tuple[float, str]]]:
+        out: dict[str, list[tuple[float, str]]] = {}
+        with contextlib.suppress(OSError):
+            for d in entries.iterdir():
+                if not is_cache_key(d.name):
+                    continue
+                try:
+                    meta = json.loads((d / META).read_text())
+                    built = float(meta.get("built_at") or 0.0)
+                except (OSError, ValueError, TypeError, AttributeError):
+                    continue   # damaged: found (and reported) only by its exact key
+                for ident in ids_of(meta):
+                    out.setdefault(ident, []).append((built, d.name))
+        return out
+
     def read_index(self, lookup: str) -> str | None:
         try:
             key = (self.root / "index" / lookup).read_text().strip()
@@ -324,7 +365,7 @@ class Cache:
             probe.touch()
             probe.unlink()
         except OSError as exc:
-            how = ("AITER_MLA_CACHE_DIR points at it" if self.explicit
+            how = (f"{self.origin} points at it" if self.explicit
                    else "it is the default root")
             # name the path that failed when something there is in the way (a file named
             # entries, say); a plain permission error is the root's and is reported as such
@@ -333,8 +374,8 @@ class Cache:
             where = f" at {exc.filename}" if blocker else ""
             raise CacheNotWritableError(
                 f"JIT cache root {self.root} is not writable ({exc.strerror or exc}{where}; {how}): "
-                f"set AITER_MLA_CACHE_DIR to a writable folder, or AITER_MLA_DISABLE_JIT=1 "
-                f"to use only what the cache already holds"
+                f"set {self.origin if self.explicit else 'AITER_MLA_CACHE_DIR'} to a writable "
+                f"folder, or AITER_MLA_DISABLE_JIT=1 to use only what the cache already holds"
             ) from None
 
     @contextlib.contextmanager

@@ -5,10 +5,13 @@ Every command exits non-zero on any failure (a failed build among many included)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
 import platform
+import re
+import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -20,7 +23,7 @@ from ..paths import unmakeable_folder_reason
 from ..arch import AMD_ARCHS, ARCHS, NVIDIA_ARCHS, is_experimental_enabled
 from . import core, third_party
 from .cache import is_cache_key
-from .config import ParamError, load_config, templates_dir
+from .config import ParamError, UnknownModuleError, load_config, templates_dir
 from .render import describe, render
 from .toolchain import ToolchainError, find_compiler, interruptible
 
@@ -36,6 +39,9 @@ def register(subparsers) -> None:
 
     p = jsub.add_parser("list", help="modules, their default variants, cached or not")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--variants", action="store_true",
+                   help="print the listed variants one a line, as 'jit build --from-file' reads them")
+    _add_cache_dir_arg(p)
     p.set_defaults(func=cmd_list)
 
     for name, helptext in (("build", "build variants (default: the module's default variants)"),
@@ -47,6 +53,11 @@ def register(subparsers) -> None:
             p.add_argument("--all", action="store_true",
                            help="every module's default variants (experimental ones only when "
                                 "AITER_ENABLE_EXPERIMENTAL is non-zero)")
+            p.add_argument("--from-file", metavar="FILE",
+                           help="the variants FILE lists, one a line: MODULE K=V ... with every "
+                                "parameter (what 'jit list --variants' prints); blank lines and "
+                                "# comments are skipped")
+        _add_cache_dir_arg(p)
         p.add_argument("--arch", choices=ARCHS, help="build for this arch instead")
         p.add_argument("-j", "--jobs", type=int, default=None,
                        help="parallel builds (default: MAX_JOBS, else min(4, CPUs))")
@@ -80,6 +91,29 @@ def _add_param_arg(p) -> None:
                    help="a template parameter (repeat for each)")
 
 
+def _add_cache_dir_arg(p) -> None:
+    p.add_argument("--cache-dir", metavar="ROOT", type=_cache_dir,
+                   help="the cache root to use instead of AITER_MLA_CACHE_DIR or the default "
+                        "(e.g. a prebuilt cache for an image)")
+
+
+def _cache_dir(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder path, got {text!r}")
+    return text
+
+
+def _cache_dir_option(cmd):
+    """Run ``cmd(args)`` with ``--cache-dir``, when given, as the only cache root."""
+    @functools.wraps(cmd)
+    def run(args) -> int:
+        if getattr(args, "cache_dir", None) is None:
+            return cmd(args)
+        with core.using_cache_root(args.cache_dir):
+            return cmd(args)
+    return run
+
+
 def _parse_bytes(text: str) -> int:
     """A byte count >= 0: digits, or a finite number with a K / M / G suffix (powers of 1024)."""
     mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -100,21 +134,101 @@ def _parse_bytes(text: str) -> int:
     return n
 
 
-def _parse_params(items: list[str]) -> dict[str, str]:
+def _parse_params(items: list[str], label: str = "--param ") -> dict[str, str]:
     out = {}
     for item in items:
         k, sep, v = item.partition("=")
         if not sep or not k:
-            raise ParamError(f"--param {item!r}: expected NAME=VALUE")
+            raise ParamError(f"{label}{item!r}: expected NAME=VALUE")
         k = k.strip()
         if k in out:
-            raise ParamError(f"--param {k} given twice ({k}={out[k]} and {k}={v.strip()})")
+            raise ParamError(f"{label}{k} given twice ({k}={out[k]} and {k}={v.strip()})")
         out[k] = v.strip()
+    return out
+
+
+class VariantsFileError(ValueError):
+    """A variants list file cannot be read, names no variant, or has a bad line; the message
+    is ``FILE: why`` or ``FILE:LINE: why``, one line."""
+
+
+# the MODULE(K=V, ...) form `jit list` and error messages name a variant by (render.describe)
+_DESCRIBED = re.compile(r"([a-z][a-z0-9_]*)\((.*)\)")
+
+
+def variant_line(name: str, params: dict) -> str:
+    """A variant as one line of a ``--from-file`` list: ``MODULE K=V ...``, sorted by name."""
+    return name + "".join(f" {k}={core._text(params[k])}" for k in sorted(params))
+
+
+def _parse_variant_line(line: str, cfg) -> tuple[str, dict] | None:
+    """(module, checked params) of one list-file line, None for a blank or comment line.
+    Raises ParamError, UnknownModuleError, or ValueError (unbalanced quotes)."""
+    described = _DESCRIBED.fullmatch(line.split("#", 1)[0].strip())
+    if described:
+        name = described.group(1)
+        items = [t.strip() for t in described.group(2).split(",") if t.strip()]
+    else:
+        tokens = shlex.split(line, comments=True)
+        if not tokens:
+            return None
+        name, items, rest = tokens[0], [], iter(tokens[1:])
+        if name.startswith("-"):
+            raise ParamError(f"expected a MODULE name first, got {name!r}")
+        for tok in rest:   # K=V, or --param K=V / --param=K=V as on the command line
+            if tok == "--param":
+                tok = next(rest, None)
+                if tok is None:
+                    raise ParamError("--param ends the line: expected --param K=V")
+            elif tok.startswith("--param="):
+                tok = tok[len("--param="):]
+            items.append(tok)
+    m = cfg.module(name)
+    return m.name, m.check_params(m.coerce_params(_parse_params(items, label="")))
+
+
+def read_variants_file(path: str, cfg) -> list[tuple[str, dict]]:
+    """The variants the list file ``path`` names, in its order, repeats dropped. One variant a
+    line, every parameter given: ``MODULE K=V ...`` (what ``jit list --variants`` prints; a
+    ``--param`` before ``K=V`` is accepted too, and the ``MODULE(K=V, ...)`` form that
+    ``jit list`` and error messages print). Blank lines and ``#`` comments are skipped.
+    ``cfg``: the :class:`~aiter_mla.jit.config.JitConfig` that checks the modules and values.
+
+    Raises :class:`VariantsFileError` (one line): the file cannot be read or is not UTF-8, it
+    names no variant, or a line has an unknown module or parameter, a missing or disallowed
+    value, or unbalanced quotes (``FILE:LINE: why``)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise VariantsFileError(f"--from-file {path!r}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise VariantsFileError(f"--from-file {path!r}: not UTF-8 text ({exc.reason} at byte "
+                                f"{exc.start})") from None
+    out, seen = [], set()
+    for n, line in enumerate(text.splitlines(), 1):
+        try:
+            variant = _parse_variant_line(line, cfg)
+        except (ParamError, UnknownModuleError, ValueError) as exc:
+            raise VariantsFileError(f"{path}:{n}: {exc}") from None
+        if variant is None:
+            continue
+        ident = (variant[0], tuple(variant[1].items()))
+        if ident not in seen:
+            seen.add(ident)
+            out.append(variant)
+    if not out:
+        raise VariantsFileError(f"{path} names no variant (one a line: MODULE K=V ..., as "
+                                f"'aiter-mla jit list --variants' prints them)")
     return out
 
 
 def _variants(args, cfg) -> list[tuple[str, dict]]:
     given_text = _parse_params(args.param)
+    if getattr(args, "from_file", None) is not None:
+        if args.module or given_text or args.all or args.arch:
+            raise ParamError("--from-file lists every variant: give no MODULE, --param, --all "
+                             "or --arch with it")
+        return read_variants_file(args.from_file, cfg)
     if getattr(args, "all", False):
         if args.module or given_text:
             raise ParamError("--all builds every module's default variants: give no MODULE "
@@ -165,6 +279,7 @@ def _jobs(requested: int | None) -> int:
     return n if n > 0 else max(1, min(4, os.cpu_count() or 1))
 
 
+@_cache_dir_option
 def cmd_build(args) -> int:
     cfg = load_config()
     variants = _variants(args, cfg)
@@ -174,7 +289,8 @@ def cmd_build(args) -> int:
     jobs = _jobs(args.jobs)
     n, done, failures = len(variants), 0, 0
     t0 = time.perf_counter()
-    print(f"building {n} variant(s) with {jobs} job(s)", file=sys.stderr)
+    print(f"building {n} variant(s) with {jobs} job(s) into {core._get_state().cache.root}",
+          file=sys.stderr)
     with ThreadPoolExecutor(max_workers=jobs) as pool, interruptible(pool):
         futs = {pool.submit(core.build_variant, name, force=args.force, **params):
                 describe(name, params) for name, params in variants}
@@ -219,7 +335,9 @@ def _cache_status(name: str, params: dict) -> tuple[str, str]:
     try:
         key, _ = core.variant_key(name, **params)
     except ToolchainError as exc:
-        return "unknown", f"no toolchain: {exc}"
+        if not env.get_flag("AITER_MLA_DISABLE_JIT"):
+            return "unknown", f"no toolchain: {exc}"
+        return _status_without_compiler(name, params)
     except Exception as exc:
         return "unknown", str(exc)
     st = core._get_state()
@@ -233,6 +351,19 @@ def _cache_status(name: str, params: dict) -> tuple[str, str]:
     return status, key
 
 
+def _status_without_compiler(name: str, params: dict) -> tuple[str, str]:
+    """:func:`_cache_status` where no compiler is found, under AITER_MLA_DISABLE_JIT=1: the
+    entry a load would take (built by any toolchain from the same source and flags)."""
+    try:
+        _, got = core.cached_without_compiler(name, **params)
+    except Exception as exc:
+        return "unknown", str(exc)
+    if got is None:
+        return "missing", "no compiler here: matched by source and flags"
+    return ("cached" if isinstance(got, core.Entry) else "corrupt"), got.key
+
+
+@_cache_dir_option
 def cmd_list(args) -> int:
     cfg = load_config()
     st = core._get_state()
@@ -261,6 +392,16 @@ def cmd_list(args) -> int:
                                         "status": "cached", "key": e["key"], "note": None})
     # a missing template is a failure (README: every command exits non-zero on one), listed anyway
     rc = 1 if any(not mod["template_exists"] for mod in rows) else 0
+    if args.variants:
+        print(f"# for 'aiter-mla jit build --from-file FILE' (cache root: {st.cache.root})")
+        lines = {}
+        for mod in rows:
+            for v in mod["variants"]:
+                if isinstance(v["params"], dict):
+                    line = variant_line(mod["module"], v["params"])
+                    lines.setdefault(line, f"{line}  # {v['status']} {(v['key'] or '')[:12]}".rstrip())
+        print("\n".join(lines.values()))
+        return rc
     if args.json:
         print(json.dumps({"cache_root": str(st.cache.root), "modules": rows}, indent=1))
         return rc

@@ -13,7 +13,8 @@ checks again, builds in staging, verifies and publishes with one rename.
 Policies (AITER's names): ``AITER_REBUILD`` >= 1 rebuilds each variant once per process;
 ``AITER_ENABLE_EXPERIMENTAL`` (an int, "0" is off) lets :func:`build_all` include
 experimental modules, which still build on demand; ``AITER_MLA_DISABLE_JIT=1`` loads only
-what is already built.
+what is already built, and when no compiler is found then, it takes an entry of the same
+source and flags that any toolchain built (docs/DESIGN.md §3.9).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from .config import JitConfig, load_config, templates_dir
 from .loader import Module, ModuleLoadError
 from .render import describe, render
 from .toolchain import (BuildError, Compiler, ToolchainError, check_artifact, find_compiler,
-                        run_compiler)
+                        run_compiler, toolchain_kinds)
 
 
 class JitDisabledError(RuntimeError):
@@ -63,9 +64,11 @@ def on_reset(hook) -> None:
 class _State:
     """Per-process knowledge: cache roots, compilers found, variants rebuilt."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path | None = None) -> None:
         explicit = env.get("AITER_MLA_CACHE_DIR")
-        if explicit:
+        if root is not None:   # a command's --cache-dir
+            self.caches = [Cache(root, explicit=True, origin="--cache-dir")]
+        elif explicit:
             self.caches = [Cache(Path(explicit).expanduser().absolute(), explicit=True)]
         else:
             self.caches = [Cache(default_root(), explicit=False)]
@@ -120,6 +123,25 @@ def _get_state() -> _State:
     return st
 
 
+@contextlib.contextmanager
+def using_cache_root(root: str | os.PathLike):
+    """Within the block, builds and lookups of every thread use the cache root ``root`` alone
+    (made absolute from the current directory), as if ``AITER_MLA_CACHE_DIR`` named it; the
+    earlier state comes back after it. For a command's ``--cache-dir``. Raises ValueError
+    naming ``--cache-dir`` for a blank ``root``."""
+    global _state
+    if not str(root).strip():
+        raise ValueError(f"--cache-dir: expected a folder path, got {str(root)!r}")
+    fresh = _State(Path(root).expanduser().absolute())
+    with _global_lock:
+        saved, _state = _state, fresh
+    try:
+        yield fresh.cache
+    finally:
+        with _global_lock:
+            _state = saved
+
+
 def reset_state() -> None:
     """Forget everything this process learned (memo, cache root, compilers, rebuilt set, the
     ops' own handles on loaded modules).
@@ -161,23 +183,24 @@ class _Plan:
     include_dirs: list[Path]
     inputs: dict
     lookup: str
+    templates_tree: str
+
+    @property
+    def toolchain_free_lookup(self) -> str:
+        """The lookup id without the toolchain's identity (recorded in meta.json)."""
+        return keymod.lookup_id(keymod.toolchain_free(self.inputs), self.templates_tree)
 
 
-def _plan(name: str, params: dict) -> _Plan:
+def _plan(name: str, params: dict, kind: str | None = None) -> _Plan:
+    """The build plan of a variant: for the compiler found for its arch, or, with ``kind``, for
+    an absent compiler of that kind (``Compiler.absent``: flags known, identity not)."""
     env.check_values()   # malformed variables fail on cache hits too, not only misses
     cfg = load_config()
     mcfg = cfg.module(name)
     params = mcfg.check_params(params)
     arch = params["arch"]
     state = _get_state()
-    try:
-        compiler = state.compiler(arch)
-    except ToolchainError as exc:
-        if env.get_flag("AITER_MLA_DISABLE_JIT"):
-            raise JitDisabledError(
-                f"AITER_MLA_DISABLE_JIT=1, but finding {describe(name, params)} in the cache "
-                f"needs the compiler's identity (it is part of the key): {exc}") from None
-        raise
+    compiler = Compiler.absent(kind) if kind else state.compiler(arch)
     flags = [*cfg.toolchains[compiler.kind], *mcfg.flags[compiler.kind],
              *compiler.arch_flags(arch), *compiler.env_flags()]
     tdir = templates_dir()
@@ -193,8 +216,9 @@ def _plan(name: str, params: dict) -> _Plan:
         include_dirs.append(co.include_dir)
     inputs = keymod.base_inputs(module=name, params=params, template=mcfg.template,
                                 compiler=compiler, flags=flags, third_party=tp)
-    lookup = keymod.lookup_id(inputs, keymod.tree_digest(tdir))
-    return _Plan(name, params, cfg, compiler, flags, include_dirs, inputs, lookup)
+    tree = keymod.tree_digest(tdir)
+    lookup = keymod.lookup_id(inputs, tree)
+    return _Plan(name, params, cfg, compiler, flags, include_dirs, inputs, lookup, tree)
 
 
 def variant_key(name: str, **params: Any) -> tuple[str, dict]:
@@ -236,7 +260,12 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
     """
     t0 = time.perf_counter()
     state = _get_state()
-    plan = _plan(name, params)
+    try:
+        plan = _plan(name, params)
+    except ToolchainError:
+        if not env.get_flag("AITER_MLA_DISABLE_JIT"):
+            raise
+        return _cached_without_compiler(name, params, force, t0)
     arch = plan.params["arch"]
     variant_id = (name, tuple(plan.params.items()))
     env_rebuild = False
@@ -260,15 +289,16 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
             return BuildResult(name, plan.params, got, False, time.perf_counter() - t0)
     variant = describe(name, plan.params)
     if env.get_flag("AITER_MLA_DISABLE_JIT"):
-        cmd = "aiter-mla jit build " + name + "".join(
-            f" --param {k}={_text(v)}" for k, v in plan.params.items())
         state_text = (f"is damaged in the cache ({got.reason})" if isinstance(got, Corrupt)
-                      else f"is not built in {' or '.join(str(c.root) for c in state.caches)}")
-        raise JitDisabledError(
-            f"AITER_MLA_DISABLE_JIT=1 and {variant} (key {key[:16]}...) {state_text}: build it "
-            f"first in an environment without AITER_MLA_DISABLE_JIT ({cmd}; it refuses to build "
-            f"while the variable is set), or unset AITER_MLA_DISABLE_JIT"
-        )
+                      else f"is not built in {_roots(state)}")
+        other = None if got is not None else _find_toolchain_free(plan)[1]
+        if isinstance(other, Entry):   # e.g. a prebuilt cache on a machine that has a compiler
+            tc = (other.meta.get("manifest") or {}).get("toolchain") or {}
+            version = (str(tc.get("version") or "").strip().splitlines() or [""])[-1]
+            state_text += (f" by this compiler ({plan.compiler.path}); an entry built by another "
+                           f"toolchain ({tc.get('kind')} at {tc.get('path')}: {version!r}) is "
+                           f"there, which is used only where no compiler is found")
+        raise _disabled_error(name, plan.params, f"(key {key[:16]}...) {state_text}")
     cache = state.writable_cache()
     with cache.lock(key, f"build of {variant}"):
         if env_rebuild and variant_id in state.rebuilt:
@@ -294,6 +324,81 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
 
 def _text(v: Any) -> str:
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def _roots(state: _State) -> str:
+    return " or ".join(str(c.root) for c in state.caches)
+
+
+def _disabled_error(name: str, params: dict, what: str) -> JitDisabledError:
+    """The one-line error for a variant that ``AITER_MLA_DISABLE_JIT=1`` cannot serve; ``what``
+    says why, after the variant's name."""
+    cmd = "aiter-mla jit build " + name + "".join(f" --param {k}={_text(v)}" for k, v in params.items())
+    return JitDisabledError(
+        f"AITER_MLA_DISABLE_JIT=1 and {describe(name, params)} {what}: build it first in an "
+        f"environment without AITER_MLA_DISABLE_JIT ({cmd}; it refuses to build while the "
+        f"variable is set), or unset AITER_MLA_DISABLE_JIT")
+
+
+def _toolchain_free_ids(meta: dict) -> list[str]:
+    """The ids an entry answers to in a lookup without a compiler: the toolchain-free lookup
+    id recorded when it was built, and the hash of its manifest without the toolchain's
+    identity (``key.toolchain_free``). Malformed meta.json: no ids."""
+    ids = [meta["toolchain_free_lookup"]] if isinstance(meta.get("toolchain_free_lookup"), str) else []
+    with contextlib.suppress(KeyError, TypeError, AttributeError):
+        ids.append(keymod.key_of(keymod.toolchain_free(meta["manifest"])))
+    return ids
+
+
+def _find_toolchain_free(plan: _Plan) -> tuple[Cache | None, Entry | Corrupt | None]:
+    """(cache, entry) of the newest verified entry any toolchain built for ``plan``'s source
+    and flags (docs/DESIGN.md §3.9): by the toolchain-free lookup id first (no render), then by
+    the toolchain-free key (renders). Else the first damaged one, else (None, None)."""
+    found: tuple[Cache | None, Entry | Corrupt | None] = (None, None)
+    for ident in (plan.toolchain_free_lookup, None):
+        if ident is None:
+            ident = keymod.key_of(keymod.toolchain_free(_exact_key(plan)[1]))
+        for cache in _get_state().caches:
+            got = cache.find_by_id(ident, plan.params["arch"], _toolchain_free_ids)
+            if isinstance(got, Entry):
+                return cache, got
+            if got is not None and found[1] is None:
+                found = (cache, got)
+    return found
+
+
+def cached_without_compiler(name: str, **params: Any) -> tuple[Cache | None, Entry | Corrupt | None]:
+    """(cache, entry) that a load of this variant takes where no compiler is found (under
+    ``AITER_MLA_DISABLE_JIT=1``): the newest verified entry built by any toolchain of the
+    arch's kinds (hipcc before clang for AMD) from the same source and flags; else the first
+    damaged one; else (None, None). Reads only. Raises ParamError, ToolchainError (an arch no
+    toolchain builds), RenderError, ThirdPartyError."""
+    arch = load_config().module(name).check_params(params)["arch"]
+    found: tuple[Cache | None, Entry | Corrupt | None] = (None, None)
+    for kind in toolchain_kinds(arch):
+        cache, got = _find_toolchain_free(_plan(name, params, kind))
+        if isinstance(got, Entry):
+            return cache, got
+        if found[1] is None:
+            found = (cache, got)
+    return found
+
+
+def _cached_without_compiler(name: str, params: dict, force: bool, t0: float) -> BuildResult:
+    """:func:`build_variant` where no compiler is found and ``AITER_MLA_DISABLE_JIT=1``."""
+    checked = load_config().module(name).check_params(params)
+    if force or env.get_flag("AITER_REBUILD"):
+        raise _disabled_error(name, checked, "is to be rebuilt (jit rebuild or AITER_REBUILD) "
+                                             "where no compiler is found")
+    cache, got = cached_without_compiler(name, **checked)
+    if isinstance(got, Entry):
+        cache.touch_used(got.key)
+        return BuildResult(name, checked, got, False, time.perf_counter() - t0)
+    state_text = (f"is damaged in the cache ({got.reason}; key {got.key[:16]}...)" if isinstance(got, Corrupt)
+                  else f"is not built in {_roots(_get_state())} by any toolchain (no compiler "
+                       f"for {checked['arch']} is found here, so an entry of the same source and "
+                       f"flags would do)")
+    raise _disabled_error(name, checked, state_text)
 
 
 def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, source: str,
@@ -333,6 +438,7 @@ def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, so
         "loadable": compiler.loadable,
         "artifact": {"name": compiler.artifact_name, "size": size, "sha256": digest},
         "manifest": manifest,
+        "toolchain_free_lookup": plan.toolchain_free_lookup,   # found without a compiler
         "built_at": time.time(),
         "build_seconds": round(seconds, 3),
         "command": cmd,

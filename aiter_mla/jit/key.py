@@ -18,6 +18,10 @@ replaced by a hash of the whole templates folder and the templates' Jinja global
 small index file, so a new process finds its entry without importing Jinja or rendering
 (ccache's "direct mode"); any template edit changes the lookup id and falls back to the
 exact path, which may still hit the same entry.
+
+Without a compiler (a runtime image under ``AITER_MLA_DISABLE_JIT=1``) neither id can be made:
+the compiler's identity is unknown. :func:`toolchain_free` strips that identity from inputs or
+a manifest; entries are then matched by the hash of what is left (docs/DESIGN.md §3.9).
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from typing import Any
 
 from .. import env
 from ..version import __version__
-from .toolchain import KEY_ENV, Compiler
+from .toolchain import KEY_ENV, TOOLCHAIN_ENV, Compiler
 
 KEY_SCHEMA = 1
 
@@ -138,3 +142,15 @@ def manifest(inputs: dict, template_sha256: str, source_sha256: str,
 def key_of(manifest_obj: dict) -> str:
     """The cache key: sha256 hex of the canonical manifest."""
     return sha256_json(manifest_obj)
+
+
+def toolchain_free(obj: dict) -> dict:
+    """A copy of base inputs or a manifest without the toolchain's identity: ``toolchain``
+    keeps only the compiler's kind, and the env vars that pick a compiler
+    (:data:`~aiter_mla.jit.toolchain.TOOLCHAIN_ENV`) leave ``env``. What stays (package,
+    module, parameters, sources, headers, flags, arch, host) decides what the artifact does.
+    Raises KeyError when ``obj`` lacks ``toolchain`` or ``env``."""
+    out = dict(obj)
+    out["toolchain"] = {"kind": obj["toolchain"]["kind"]}
+    out["env"] = {k: v for k, v in obj["env"].items() if k not in TOOLCHAIN_ENV}
+    return out

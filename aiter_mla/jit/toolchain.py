@@ -42,6 +42,10 @@ KEY_ENV = {
     "clang": ("AITER_MLA_EXTRA_HIP_FLAGS", "AITER_MLA_LINEINFO"),
 }
 
+#: The key-changing env vars of :data:`KEY_ENV` that pick which compiler runs rather than how it
+#: compiles: part of the toolchain's identity, which a lookup without a compiler cannot check.
+TOOLCHAIN_ENV = frozenset({"NVCC_CCBIN", "CUDAHOSTCXX", "CC", "CXX", "HIP_CLANG_PATH"})
+
 #: ELF ``e_flags & 0xff`` (EF_AMDGPU_MACH) of each AMD target, checked on every code object.
 _AMDGPU_MACH = {"gfx942": 0x4C, "gfx950": 0x4F}
 _EM_AMDGPU = 224
@@ -79,6 +83,12 @@ class Compiler:
     path: str
     version: str
 
+    @classmethod
+    def absent(cls, kind: str) -> "Compiler":
+        """Stands for a ``kind`` compiler that is not installed, for a lookup without one: its
+        flags are known (they depend on the kind only), its identity is the kind alone."""
+        return cls(kind, "", "")
+
     @property
     def loadable(self) -> bool:
         return self.kind != "clang"
@@ -90,6 +100,8 @@ class Compiler:
     def identity(self) -> dict:
         """The compiler's part of the cache key; for nvcc also the host compiler it runs
         (``host_compiler``: which one, and that file's identity, :func:`compiler_identity`)."""
+        if not self.path:   # Compiler.absent
+            return {"kind": self.kind}
         ident = {"kind": self.kind, "path": self.path, "version": self.version}
         if self.kind == "nvcc":
             ident["host_compiler"] = host_compiler_identity()
@@ -204,6 +216,16 @@ def clang_major(version_text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def toolchain_kinds(arch: str) -> tuple[str, ...]:
+    """The compiler kinds that can build ``arch``, in the order :func:`find_compiler` prefers
+    them. Raises :class:`ToolchainError` for an arch no toolchain builds."""
+    if arch in NVIDIA_ARCHS:
+        return ("nvcc",)
+    if arch in AMD_ARCHS:
+        return ("hipcc", "clang")
+    raise ToolchainError(f"no toolchain for arch {arch!r}")
+
+
 def find_compiler(arch: str, identity_dir: Path | None) -> Compiler:
     """The compiler that builds ``arch``, with its identity. ``identity_dir`` holds the
     remembered ``--version`` outputs (None: remember in this process only).
@@ -222,8 +244,7 @@ def find_compiler(arch: str, identity_dir: Path | None) -> Compiler:
                 f"set AITER_MLA_NVCC to a newer nvcc, or CUDA_HOME to its toolkit root"
             )
         return Compiler("nvcc", path, version)
-    if arch not in AMD_ARCHS:
-        raise ToolchainError(f"no toolchain for arch {arch!r}")
+    toolchain_kinds(arch)   # raises for an arch no toolchain builds
     hipcc = _find_hipcc()
     if hipcc:
         return Compiler("hipcc", hipcc, compiler_version(hipcc, identity_dir))
