@@ -274,7 +274,7 @@ def main(argv=None) -> int:
     ok = worst <= TOLERANCE[args.dtype] and (res["tokens_match"] or args.dtype == "fp8")
     print(json.dumps({k: v for k, v in res.items() if k != "rel_l2"}))
     print(f"{'PASS' if ok else 'FAIL'}: worst per-layer relative L2 {worst:.2e} (tolerance "
-          f"{TOLERANCE[args.dtype]:.0e}), op calls per layer {res['calls_per_layer']}, greedy "
+          f"{TOLERANCE[args.dtype]:.2g}), op calls per layer {res['calls_per_layer']}, greedy "
           f"tokens {'match' if res['tokens_match'] else 'differ'}")
     return 0 if ok else 1
 
