@@ -283,3 +283,31 @@ def test_host_compiler_and_compiler_env_are_in_the_nvcc_identity(monkeypatch, tm
         assert var not in key.env_items("clang")
     monkeypatch.setenv("HIPCC_COMPILE_FLAGS_APPEND", "-O0")
     assert key.env_items("hipcc")["HIPCC_COMPILE_FLAGS_APPEND"] == "-O0"
+
+
+def test_hipcc_identity_carries_the_clang_it_runs(monkeypatch, tmp_path):
+    """hipcc runs HIP_CLANG_PATH's clang++ when set, else ROCm's beside it: that file's
+    identity is in the key, so a clang replaced under an unchanged hipcc changes the key."""
+    from aiter_mla.jit import toolchain
+
+    rocm = tmp_path / "rocm"
+    (rocm / "bin").mkdir(parents=True)
+    (rocm / "lib" / "llvm" / "bin").mkdir(parents=True)
+    hipcc = rocm / "bin" / "hipcc"
+    hipcc.write_text("#!/bin/sh\n")
+    clang = rocm / "lib" / "llvm" / "bin" / "clang++"
+    clang.write_text("#!/bin/sh\n# clang 18\n")
+    monkeypatch.delenv("HIP_CLANG_PATH", raising=False)
+    comp = toolchain.Compiler("hipcc", str(hipcc), "HIP version: 6.4")
+    first = comp.identity()["host_compiler"]
+    assert first[0][0] == str(clang), first
+    clang.write_text("#!/bin/sh\n# clang 19, a different build\n")
+    assert comp.identity()["host_compiler"] != first
+    other = tmp_path / "my-llvm"
+    other.mkdir()
+    (other / "clang++").write_text("#!/bin/sh\n")
+    monkeypatch.setenv("HIP_CLANG_PATH", str(other))
+    assert comp.identity()["host_compiler"][0][0] == str(other / "clang++")
+    monkeypatch.setenv("HIP_CLANG_PATH", str(tmp_path / "nowhere"))
+    assert comp.identity()["host_compiler"] == [str(tmp_path / "nowhere" / "clang++")]
+    assert "host_compiler" not in toolchain.Compiler("clang", str(clang), "clang 19").identity()

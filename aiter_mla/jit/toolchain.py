@@ -98,13 +98,17 @@ class Compiler:
         return "lib.so" if self.loadable else "code.hsaco"
 
     def identity(self) -> dict:
-        """The compiler's part of the cache key; for nvcc also the host compiler it runs
-        (``host_compiler``: which one, and that file's identity, :func:`compiler_identity`)."""
+        """The compiler's part of the cache key; for nvcc and hipcc also the compiler they run
+        (``host_compiler``: nvcc's host C++ compiler, hipcc's clang; which one, and that
+        file's identity, :func:`compiler_identity`). clang-19 compiles alone: its own file and
+        version are its identity."""
         if not self.path:   # Compiler.absent
             return {"kind": self.kind}
         ident = {"kind": self.kind, "path": self.path, "version": self.version}
         if self.kind == "nvcc":
             ident["host_compiler"] = host_compiler_identity()
+        elif self.kind == "hipcc":
+            ident["host_compiler"] = hip_clang_identity(self.path)
         return ident
 
     def arch_flags(self, arch: str) -> list[str]:
@@ -311,6 +315,22 @@ def host_compiler_identity() -> list:
     if not path or not os.path.isfile(path):
         return [name]
     return compiler_identity(path)
+
+
+def hip_clang_identity(hipcc: str) -> list:
+    """The clang hipcc runs: ``HIP_CLANG_PATH``/clang++ when set, else ROCm's own beside
+    ``hipcc`` (``<rocm>/lib/llvm/bin`` or ``<rocm>/llvm/bin``), identified by
+    :func:`compiler_identity` (no run); the expected path alone when none is there. hipcc's
+    ``--version`` (in the key) is remembered by hipcc's own file, so a clang replaced under it
+    shows only here."""
+    explicit = (env.get("HIP_CLANG_PATH") or "").strip()
+    rocm = Path(os.path.realpath(hipcc)).parent.parent
+    places = [Path(explicit)] if explicit else [rocm / "lib" / "llvm" / "bin", rocm / "llvm" / "bin"]
+    for folder in places:
+        path = folder / "clang++"
+        if path.is_file():
+            return compiler_identity(str(path))
+    return [str(places[0] / "clang++")]
 
 
 def compiler_version(path: str, identity_dir: Path | None) -> str:
