@@ -269,6 +269,12 @@ def main(argv=None) -> int:
     p.add_argument("--wrong-scale", action="store_true", help="sm_scale = 1/sqrt(576) (negative control)")
     p.add_argument("--backend", choices=("aiter", "reference"), default="aiter")
     args = p.parse_args(argv)
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        print("deepseek_v3_decode: needs Hugging Face transformers (pip install transformers)",
+              file=sys.stderr)
+        return 2
     res = run(args.dtype, args.page_size, args.steps, wrong_scale=args.wrong_scale, backend=args.backend)
     worst = max(res["max_rel_l2_per_layer"])
     ok = worst <= TOLERANCE[args.dtype] and (res["tokens_match"] or args.dtype == "fp8")

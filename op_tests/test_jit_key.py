@@ -116,7 +116,9 @@ def test_compiler_version_output_changes_key(fake_jit):
 
 
 def test_compiler_identity_remembered_on_disk_by_path_size_mtime(fake_jit):
-    k()
+    k()   # on a root that does not exist yet: nothing is written (a lookup makes no root)
+    assert not (fake_jit.root / "toolchains").exists()
+    core.build_variant("fake", **P)   # a build makes the root and remembers the probe
     records = list((fake_jit.root / "toolchains").glob("*.json"))
     assert len(records) == 1
     rec = json.loads(records[0].read_text())

@@ -381,3 +381,34 @@ def test_real_prebuilt_cache_serves_with_nvcc_out_of_reach(jit_clean, tmp_path):
     assert failed.returncode == 1 and "Traceback" not in failed.stderr
     assert "FAILED mla_reduce(arch=sm_90a, out_dtype=bf16): AITER_MLA_DISABLE_JIT=1 and" in failed.stderr
     assert tree_snapshot(root) == before
+
+
+def test_lookups_never_create_a_mistyped_root(tmp_path, monkeypatch, capsys):
+    """``jit list`` and a load under AITER_MLA_DISABLE_JIT=1 on a root that does not exist leave
+    it absent (the compiler's remembered --version is written only inside an existing root),
+    and the load's error says the folder does not exist (fresh-user trial)."""
+    from aiter_mla import cli, jit
+
+    root = tmp_path / "typo" / "cache"
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(root))
+    jit.reset_state()
+    try:
+        assert cli.main(["jit", "list"]) == 0
+        assert cli.main(["jit", "list", "--cache-dir", str(root), "--variants"]) == 0
+        monkeypatch.setenv("AITER_MLA_DISABLE_JIT", "1")
+        with pytest.raises(jit.JitDisabledError, match="that folder does not exist"):
+            jit.get_module("convert_fp8", arch="sm_90a", out_dtype="bf16")
+    except jit.ToolchainError:
+        pytest.skip("no nvcc: the load stops before the cache")
+    finally:
+        jit.reset_state()
+    capsys.readouterr()
+    assert not (tmp_path / "typo").exists()
+
+
+def test_render_refuses_an_empty_output_path(capsys):
+    from aiter_mla import cli
+
+    assert cli.main(["jit", "render", "mla_reduce", "--param", "arch=sm_90a", "--param",
+                     "out_dtype=bf16", "-o", ""]) == 2
+    assert "-o: expected a file path" in capsys.readouterr().err

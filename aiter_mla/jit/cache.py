@@ -372,10 +372,14 @@ class Cache:
             blocker = exc.filename and Path(exc.filename) != self.root and (
                 exc.errno in (errno.EEXIST, errno.ENOTDIR) or Path(exc.filename).exists())
             where = f" at {exc.filename}" if blocker else ""
+            # the second way out only where it is one: loads already serve read-only roots, and
+            # clear / gc / fetch write whatever AITER_MLA_DISABLE_JIT says
+            loads_only = "" if env.get_flag("AITER_MLA_DISABLE_JIT") else (
+                ", or AITER_MLA_DISABLE_JIT=1 to use only what the cache already holds")
             raise CacheNotWritableError(
                 f"JIT cache root {self.root} is not writable ({exc.strerror or exc}{where}; {how}): "
                 f"set {self.origin if self.explicit else 'AITER_MLA_CACHE_DIR'} to a writable "
-                f"folder, or AITER_MLA_DISABLE_JIT=1 to use only what the cache already holds"
+                f"folder{loads_only}"
             ) from None
 
     @contextlib.contextmanager

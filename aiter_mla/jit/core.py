@@ -37,7 +37,7 @@ from .config import JitConfig, load_config, templates_dir
 from .loader import Module, ModuleLoadError
 from .render import describe, render
 from .toolchain import (BuildError, Compiler, ToolchainError, check_artifact, find_compiler,
-                        run_compiler, toolchain_kinds)
+                        run_compiler, save_version, toolchain_kinds)
 
 
 class JitDisabledError(RuntimeError):
@@ -300,6 +300,7 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
                            f"there, which is used only where no compiler is found")
         raise _disabled_error(name, plan.params, f"(key {key[:16]}...) {state_text}")
     cache = state.writable_cache()
+    save_version(cache.toolchains_dir, plan.compiler.path)   # the root exists now: remember the probe
     with cache.lock(key, f"build of {variant}"):
         if env_rebuild and variant_id in state.rebuilt:
             force = False  # another thread of this process rebuilt it while we waited
@@ -327,7 +328,9 @@ def _text(v: Any) -> str:
 
 
 def _roots(state: _State) -> str:
-    return " or ".join(str(c.root) for c in state.caches)
+    """The cache roots, each marked when it does not exist (a mistyped AITER_MLA_CACHE_DIR)."""
+    return " or ".join(str(c.root) + ("" if c.root.is_dir() else " (that folder does not exist)")
+                       for c in state.caches)
 
 
 def _disabled_error(name: str, params: dict, what: str) -> JitDisabledError:

@@ -344,7 +344,7 @@ def compiler_version(path: str, identity_dir: Path | None) -> str:
         return version
     record = None
     if identity_dir is not None:
-        record = identity_dir / (hashlib.sha256(stamp_list[0][0].encode()).hexdigest()[:32] + ".json")
+        record = _version_record(identity_dir, stamp_list)
         try:
             saved = json.loads(record.read_text())
             if saved["identity"] == stamp_list:
@@ -369,12 +369,36 @@ def compiler_version(path: str, identity_dir: Path | None) -> str:
         )
     version = (proc.stdout + proc.stderr).strip()
     _versions[stamp] = version
-    if record is not None:
-        from .cache import atomic_write_text  # noqa: PLC0415 (cache imports this module)
-
-        atomic_write_text(record, json.dumps({"identity": stamp_list, "version": version}),
-                          best_effort=True)
+    # Remembered only inside a cache root that exists: a lookup (jit list, a load under
+    # AITER_MLA_DISABLE_JIT) must not create a mistyped root as a side effect. A build that
+    # makes the root writes it then (save_version).
+    if record is not None and identity_dir.parent.is_dir():
+        _write_version(record, stamp_list, version)
     return version
+
+
+def _version_record(identity_dir: Path, stamp_list: list) -> Path:
+    return identity_dir / (hashlib.sha256(stamp_list[0][0].encode()).hexdigest()[:32] + ".json")
+
+
+def _write_version(record: Path, stamp_list: list, version: str) -> None:
+    from .cache import atomic_write_text  # noqa: PLC0415 (cache imports this module)
+
+    atomic_write_text(record, json.dumps({"identity": stamp_list, "version": version}),
+                      best_effort=True)
+
+
+def save_version(identity_dir: Path, path: str) -> None:
+    """Write the ``--version`` output this process probed for the compiler at ``path`` into
+    ``identity_dir`` (a cache root's ``toolchains/``, once a build has made the root), so the
+    next process's warm hit probes nothing."""
+    if not path:   # Compiler.absent
+        return
+    stamp_list = compiler_identity(path)
+    version = _versions.get(json.dumps(stamp_list))
+    record = _version_record(identity_dir, stamp_list)
+    if version is not None and not record.exists():
+        _write_version(record, stamp_list, version)
 
 
 def run_compiler(command: list[str], cwd: Path, log_path: Path) -> tuple[int, str]:
