@@ -4,6 +4,6 @@ same run, beside peers and reference numbers.
 Modules: ``commands`` (CLI), ``variants`` (which JIT variants, building them), ``inputs``
 (DeepSeek-V3-like batches), ``formulas`` (FLOPs, bytes, floor), ``ceilings`` (copy and GEMM
 rates), ``timing`` (CUDA-graph replays), ``sweep`` (rows), ``peers`` (FlashInfer, FlashMLA),
-``jit_figures`` (cold build, warm load), ``reference_numbers`` (seed MI355, FlashMLA H200),
+``jit_figures`` (cold build, warm load), ``reference_numbers`` (the seed's MI355 table),
 ``environment``, ``report`` and ``plots`` (outputs).
 """

@@ -1,12 +1,10 @@
-"""Reference numbers measured elsewhere, shown beside ours as labelled columns.
+"""Reference numbers measured elsewhere, shown beside ours as a labelled column.
 
-- The seed's MI355 table (AITER PR #3072, ``op_tests/test_mla_persistent.py -n 128,1 -d fp8 -kvd fp8
-  -blk 64`` with ``AITER_ENABLE_EXPERIMENTAL=1``): per (batch, ctx), the ASM kernel, the HK kernel
-  before the PR and the HK kernel after it, in µs, as the PR published it (docs/DESIGN.md §6.4).
-- FlashMLA ``c2067be`` on our H200 (bf16, page 64, median over CUDA-graph replays), from an
-  earlier table later found mis-measured by about 1.35x: not a comparison (docs/DESIGN.md §6.4).
-
-Neither was measured in the run that shows them: the report labels them as such.
+The seed's MI355 table (AITER PR #3072, ``op_tests/test_mla_persistent.py -n 128,1 -d fp8 -kvd fp8
+-blk 64`` with ``AITER_ENABLE_EXPERIMENTAL=1``): per (batch, ctx), the ASM kernel, the HK kernel
+before the PR and the HK kernel after it, in µs, as the PR published it (docs/DESIGN.md §6.4).
+It was not measured in the run that shows it: the report labels it so. FlashMLA is timed only in
+the run, as a peer (``peers.py``): no constant of it is kept.
 """
 from __future__ import annotations
 
@@ -15,7 +13,6 @@ import functools
 import io
 
 SEED_MI355_LABEL = "seed MI355 HK fp8"
-FLASHMLA_H200_LABEL = "FlashMLA H200 bf16"
 
 # batch,ctx -> µs; heads 128, qlen 1, fp8 q and kv, page 64, uniform ctx.
 _SEED_MI355_CSV = """\
@@ -94,19 +91,6 @@ batch,ctx,asm_us,hk_prev_us,hk_curr_us
 256,21,21.631,19.016,20.141
 """
 
-#: (heads, qlen, batch, ctx) -> FlashMLA c2067be bf16 µs on our H200 (page 64, uniform ctx).
-FLASHMLA_H200_BF16_US = {
-    (128, 1, 1, 21): 8.4,
-    (128, 1, 16, 1200): 32.2,
-    (128, 1, 64, 3200): 131.7,
-    (128, 1, 64, 8192): 341.9,
-    (128, 1, 128, 8192): 726.9,
-    (128, 1, 256, 23333): 4335.0,
-    (16, 1, 128, 8192): 400.4,
-    (64, 1, 128, 8192): 414.4,
-}
-
-
 @functools.lru_cache(maxsize=None)
 def seed_mi355_table() -> dict[tuple[int, int], dict[str, float]]:
     """The seed's MI355 numbers: ``(batch, ctx) -> {"asm_us", "hk_prev_us", "hk_curr_us"}``."""
@@ -125,9 +109,8 @@ def reference_columns(
     """Reference µs for one row, only where the shape matches what was measured elsewhere.
 
     Returns a dict with any of ``seed_mi355_us`` (HK after #3072), ``seed_mi355_asm_us``,
-    ``seed_mi355_hk_prev_us`` (heads 128, qlen 1, fp8/fp8, page 64, uniform ctx) and
-    ``flashmla_h200_us`` (FlashMLA bf16 at the same heads, qlen, batch, ctx, page 64, uniform ctx;
-    shown for any of our dtypes, labelled bf16). Empty when nothing matches.
+    ``seed_mi355_hk_prev_us`` (heads 128, qlen 1, fp8/fp8, page 64, uniform ctx). Empty when
+    nothing matches.
     """
     out: dict[str, float] = {}
     if varlen or page_size != 64:
@@ -138,7 +121,4 @@ def reference_columns(
             out["seed_mi355_us"] = seed["hk_curr_us"]
             out["seed_mi355_asm_us"] = seed["asm_us"]
             out["seed_mi355_hk_prev_us"] = seed["hk_prev_us"]
-    fm = FLASHMLA_H200_BF16_US.get((heads, qlen, batch, ctx))
-    if fm is not None:
-        out["flashmla_h200_us"] = fm
     return out

@@ -102,7 +102,6 @@ def _table(rows: list[dict], short: bool = False) -> tuple[list[str], list[list[
     """
     peer_cols = list(dict.fromkeys(c for r in rows for c in r.get("peers", {})))
     has_seed = any("seed_mi355_us" in r for r in rows)
-    has_fm = any("flashmla_h200_us" in r for r in rows)
     varlen = any(r["varlen"] for r in rows)
     has_step = any("step_us" in r for r in rows)
     if short:
@@ -118,9 +117,6 @@ def _table(rows: list[dict], short: bool = False) -> tuple[list[str], list[list[
         headers += [f"{c} µs", f"ours/{c}"]
     if has_seed:
         headers.append("MI355 µs (ref)" if short else f"{reference_numbers.SEED_MI355_LABEL} µs (ref)")
-    if has_fm:
-        headers.append("FlashMLA µs (ref)" if short else
-                       f"{reference_numbers.FLASHMLA_H200_LABEL} µs (ref)")
     cells = []
     for r in rows:
         line = [str(r["batch"]), str(r["ctx"])]
@@ -142,8 +138,6 @@ def _table(rows: list[dict], short: bool = False) -> tuple[list[str], list[list[
             line += [_f(r["peers"].get(c)), _f(r.get("peer_ratio", {}).get(c), 2)]
         if has_seed:
             line.append(_f(r.get("seed_mi355_us")))
-        if has_fm:
-            line.append(_f(r.get("flashmla_h200_us")))
         cells.append(line)
     return headers, cells
 
@@ -258,10 +252,8 @@ def render_markdown(doc: dict, tag: str = "") -> str:
     out += ["", f"![latency vs ctx]({names['latency_png']})", "",
             f"![fraction of floor]({names['frac_png']})", "",
             "Columns marked (ref) were measured elsewhere, not in this run: "
-            f"{reference_numbers.SEED_MI355_LABEL} = the seed's MI355 HK kernel (AITER #3072); "
-            f"{reference_numbers.FLASHMLA_H200_LABEL} = FlashMLA c2067be on an H200 "
-            "(an earlier table later found mis-measured by about 1.35x: not a comparison; "
-            "aiter_mla/bench/reference_numbers.py). "
+            f"{reference_numbers.SEED_MI355_LABEL} = the seed's MI355 HK kernel (AITER #3072). "
+            "Peers (FlashInfer, FlashMLA) are timed in this run only. "
             "ours/peer < 1 means ours is faster.", ""]
     return "\n".join(out)
 
