@@ -213,6 +213,10 @@ def load_config(path: str | os.PathLike | None = None) -> JitConfig:
         raise FileNotFoundError(
             f"JIT config {p} does not exist (set AITER_MLA_CONFIG to a jit_config.json)"
         ) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        why = {IsADirectoryError: "is a folder", PermissionError: "is not readable",
+               UnicodeDecodeError: "is not UTF-8 text"}[type(exc)]
+        raise ConfigError(f"JIT config {p} {why} (set AITER_MLA_CONFIG to a jit_config.json)") from None
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:

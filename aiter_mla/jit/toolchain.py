@@ -26,7 +26,7 @@ import shlex
 import shutil
 import struct
 import sys
-import warnings
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,8 +171,10 @@ def _find_nvcc() -> str:
     found = _first_executable(cands)
     named = next((var for var, path in cands[:2] if path is not None), None)   # the toolkit root set first
     if found is not None and named is not None and found[0] != named:   # it has no nvcc: say which one is used
-        warnings.warn(f"{named}={env.get(named)!r} has no executable bin/nvcc; using {found[1]} (from {found[0]})",
-                      stacklevel=2)
+        # a log line, as the JIT's other warnings: a Python warning prints its source line
+        logging.getLogger("aiter_mla.jit").warning(
+            "aiter_mla: %s=%r has no executable bin/nvcc; using %s (from %s)", named, env.get(named),
+            found[1], found[0])
     if found is None:
         raise ToolchainError(
             "nvcc not found (needed for sm_90a): install the CUDA toolkit (12.5 or newer), then "
