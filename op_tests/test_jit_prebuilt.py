@@ -412,3 +412,21 @@ def test_render_refuses_an_empty_output_path(capsys):
     assert cli.main(["jit", "render", "mla_reduce", "--param", "arch=sm_90a", "--param",
                      "out_dtype=bf16", "-o", ""]) == 2
     assert "-o: expected a file path" in capsys.readouterr().err
+
+
+def test_list_without_a_compiler_and_jit_enabled_shows_each_default_once(fake_jit, tmp_path):
+    """No compiler, AITER_MLA_DISABLE_JIT unset: a default's key is unknown, and its entry that
+    another toolchain built is named on the default's own row, with when it serves, instead of a
+    second "extra" row (fresh-user trial)."""
+    root = tmp_path / "image_cache"
+    assert cli.main(["jit", "build", "--all", "--cache-dir", str(root)]) == 0
+    keys = {m["params"]["n"]: m["key"] for m in _metas(root)}
+    env = {**fake_jit.env, "AITER_MLA_CACHE_DIR": str(root), **_no_compiler(tmp_path)}
+    del env["AITER_MLA_DISABLE_JIT"]
+    listed = _cli_child(env, [root], "jit", "list")
+    assert listed.returncode == 0, listed.stderr
+    rows = [line for line in listed.stdout.splitlines() if "fake(arch=sm_90a, flavor=a, n=1)" in line]
+    assert len(rows) == 1, listed.stdout
+    assert "default" in rows[0] and f"cached as {keys[1][:12]}" in rows[0]
+    assert "served with AITER_MLA_DISABLE_JIT=1 where no compiler is found" in rows[0]
+    assert "extra" not in listed.stdout

@@ -391,9 +391,19 @@ def cmd_list(args) -> int:
         if e["key"] in listed or meta.get("module") not in cfg.modules:
             continue
         for mod in rows:
-            if mod["module"] == meta["module"]:
-                mod["variants"].append({"params": meta.get("params"), "default": False,
-                                        "status": "cached", "key": e["key"], "note": None})
+            if mod["module"] != meta["module"]:
+                continue
+            # a default whose key is unknown (no compiler here) and whose entry another
+            # toolchain built: one row, saying when that entry serves, not a second "extra" row
+            twin = next((v for v in mod["variants"] if v["default"] and v["key"] is None
+                         and v["params"] == meta.get("params")), None)
+            if twin is not None:
+                twin["note"] = (f"{twin['note']}; " if twin["note"] else "") + (
+                    f"cached as {e['key'][:12]}, built by another toolchain: served with "
+                    "AITER_MLA_DISABLE_JIT=1 where no compiler is found")
+                continue
+            mod["variants"].append({"params": meta.get("params"), "default": False,
+                                    "status": "cached", "key": e["key"], "note": None})
     # a missing template is a failure (README: every command exits non-zero on one), listed anyway
     rc = 1 if any(not mod["template_exists"] for mod in rows) else 0
     if args.variants:
