@@ -1,17 +1,15 @@
-"""Host time per warm eager call of the three ops (``aiter-mla bench`` reports it; the same
-code times an older tree, since it calls only the public ops).
+"""Host time per warm eager call of the three ops (``aiter-mla bench`` reports it; run a tree's
+own copy, ``python -m aiter_mla.bench.host_time``, to time that tree).
 
 Method: one small problem (batch 1, 64 tokens, page 64), so the GPU finishes each call long
 before the host issues the next and the loop's time is the ops' own host time. Every op is
 called first until its modules are built and loaded (no build runs while timing); then ``reps``
 rounds of ``calls`` calls each, timed with ``time.perf_counter``, median round reported in µs
 per call. ``mla_decode_fwd`` is timed with a caller-made plan and caller-given output, both with
-AITER's freshly allocated split buffers (``alloc``) and, where the op takes them, with
-caller-given ones (``no_alloc``).
+AITER's freshly allocated split buffers (``alloc``) and with caller-given ones (``no_alloc``).
 """
 from __future__ import annotations
 
-import inspect
 import statistics
 import time
 
@@ -84,10 +82,9 @@ def host_times(heads: int = 128, dtype: str = "fp8", calls: int = 200, reps: int
         aiter_mla.mla_reduce_v1(logits, attn_lse, reduce_indptr, reduce_final_map,
                                 reduce_partial_map, qlen, o, None)
 
-    timed = [("get_mla_metadata_v1", plan), ("mla_decode_fwd_alloc", decode)]
-    if "logits" in inspect.signature(aiter_mla.mla_decode_fwd).parameters:
-        timed.append(("mla_decode_fwd_no_alloc", lambda: decode(logits=logits, attn_lse=attn_lse)))
-    timed.append(("mla_reduce_v1", reduce))
+    timed = [("get_mla_metadata_v1", plan), ("mla_decode_fwd_alloc", decode),
+             ("mla_decode_fwd_no_alloc", lambda: decode(logits=logits, attn_lse=attn_lse)),
+             ("mla_reduce_v1", reduce)]
     for name, fn in timed:
         out[name] = _rounds(fn, calls, reps)
         if progress:
@@ -102,32 +99,15 @@ def host_times(heads: int = 128, dtype: str = "fp8", calls: int = 200, reps: int
 
 
 def _launch_floor(decode, logits, attn_lse, q, o, calls: int, reps: int):
-    """µs of the prepared decode and reduce launches alone (ctypes + the two CUDA launches: one
-    host call where the decode entry point chains the reduce, two in older trees), where this
-    tree's decode op keeps prepared launches (else None): what a warm call costs beyond its key."""
-    try:
-        from aiter_mla.ops import decode as dec
-    except ImportError:
-        return None
-    cache = getattr(dec, "_prepared", None)
-    if cache is None or not hasattr(cache, "entries"):
-        return None
+    """µs of the prepared decode and reduce launches alone (one ctypes call into the decode
+    entry point, which chains the reduce, and the two CUDA launches): what a warm call costs
+    beyond its key."""
+    from aiter_mla.ops import decode as dec
+
     decode(logits=logits, attn_lse=attn_lse)
-    prepared = [p for p in cache.entries.values() if p.reduce is not None]
-    if not prepared:
-        return None
-    p = prepared[-1]
+    p = [p for p in dec._prepared.entries.values() if p.reduce is not None][-1]
     ptrs = (q.data_ptr(), o.data_ptr(), None, logits.data_ptr(), attn_lse.data_ptr())
-
-    if hasattr(p.reduce, "launch"):   # a tree whose reduce is a second host call
-        def both():
-            p.launch(*ptrs)
-            p.reduce.launch(ptrs[3], ptrs[4], ptrs[1], None)
-    else:
-        def both():
-            p.launch(*ptrs)
-
-    return _rounds(both, calls, reps)
+    return _rounds(lambda: p.launch(*ptrs), calls, reps)
 
 
 def _python_ref_us(t, n: int = 20000) -> float:

@@ -372,12 +372,12 @@ class Prepared:
 
 def _prepare(query, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr,
              work_info_set, max_seqlen_q, softmax_scale, split_output, split_lse, final_output,
-             q_scale, kv_scale, final_lse, params=None, clusters=None, validate=True) -> Prepared:
-    """Check a call (``_validate``, unless ``validate`` is False: CUDA-graph capture) and fill
-    its launch. RuntimeError when a variant never launched is first used inside a capture."""
+             q_scale, kv_scale, final_lse, params=None, clusters=None) -> Prepared:
+    """Check a call (``_validate``, skipped during CUDA-graph capture) and fill its launch.
+    RuntimeError when a variant never launched is first used inside a capture."""
     device = query.device
     capturing = _capturing(device)
-    if validate and not capturing:
+    if not capturing:
         params, clusters = _validate(
             query, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, work_indptr,
             work_info_set, max_seqlen_q, split_output, split_lse, final_output, q_scale,
