@@ -31,6 +31,14 @@ REDUCE_FINAL_MAP_INTS = 2
 #: batches does (~15-20 us at 128 rows on the H200, docs/perf/notes.md).
 WHOLE_BATCH_SLACK = 8
 
+#: Most pieces a split tile may have for ``mla_decode_fwd`` to merge it inside the decode
+#: kernel (templates/common/mla_decode_split_merge.cuh; one launch). One SM reads all of a
+#: merged tile's pieces: at 4 pieces of 64 rows that added 9 µs to a 27 µs call on the H200
+#: (b16 ctx1200), more than the reduce kernel costs, which spreads those reads over the GPU
+#: (docs/perf/split_merge_h200.md). A schedule with a tile of more pieces gets the reduce
+#: kernel; the metadata kernel counts such tiles for the op (``split_heavy_tiles``).
+FUSED_MERGE_MAX_PIECES = 2
+
 #: The q / kv dtypes the decode kernels take: torch dtype name -> template value (q and kv
 #: equal). ``ops/decode.py``'s ``SUPPORTED_DTYPES`` maps the torch dtypes themselves; the
 #: scheduler checks its dtype arguments against the same two without importing the decode op.
@@ -73,10 +81,12 @@ LAUNCH_REDUCE_FAILED = 1 << 17
 
 def template_constants() -> dict[str, int]:
     """``WI_<FIELD>`` index constants, ``ERR_<NAME>`` device error codes, the error record's
-    shape and the ``LAUNCH_*`` return codes, handed to every template as Jinja globals."""
+    shape, the ``LAUNCH_*`` return codes and ``FUSED_MERGE_MAX_PIECES``, handed to every
+    template as Jinja globals."""
     consts = {f"WI_{name.upper()}": i for i, name in enumerate(WORK_INFO_FIELDS)}
     consts["WORK_INFO_INTS"] = WORK_INFO_INTS
     consts.update({f"ERR_{name.upper()}": i + 1 for i, name in enumerate(DEVICE_ERRORS)})
+    consts["FUSED_MERGE_MAX_PIECES"] = FUSED_MERGE_MAX_PIECES
     consts.update(ERROR_SLOTS=ERROR_SLOTS, ERROR_SLOT_WORDS=ERROR_SLOT_WORDS,
                   LAUNCH_ERROR_PENDING=LAUNCH_ERROR_PENDING, LAUNCH_REDUCE_FAILED=LAUNCH_REDUCE_FAILED)
     return consts

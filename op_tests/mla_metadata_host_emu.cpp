@@ -92,14 +92,14 @@ inline T shfl_up(T v, int d) {
 #include MD_RENDERED
 
 // Same arguments as aiter_mla_get_metadata_v1, host pointers, plus the emulated block size
-// (a multiple of 32, <= 1024). Returns 0, or 1 for invalid arguments.
+// (a multiple of 32, <= 1024), split_heavy_tiles before it. Returns 0, or 1 for invalid arguments.
 extern "C" int emu_get_metadata_v1(
     const void* qo_indptr, const void* kv_indptr, const void* kv_last_page_lens,
     void* work_metadata_ptrs, void* work_indptr, void* work_info_set, void* reduce_indptr,
     void* reduce_final_map, void* reduce_partial_map, int64_t cap_work_indptr,
     int64_t cap_works, int64_t cap_reduce_indptr, int64_t cap_final_map,
     int64_t cap_partial_map, int num_batches, int num_clusters, int num_splits, int page_size,
-    int kv_granularity, int overhead, int tail_threshold, int nthreads) {
+    int kv_granularity, int overhead, int tail_threshold, void* split_heavy_tiles, int nthreads) {
   if (nthreads < emu::kWarp || nthreads % emu::kWarp || nthreads > 1024) return 1;
   std::vector<int64_t> ws((md_workspace_bytes(nthreads) + 7) / 8);  // the shared memory
   MdParams p;
@@ -124,6 +124,7 @@ extern "C" int emu_get_metadata_v1(
   p.kv_granularity = kv_granularity;
   p.overhead = overhead;
   p.tail_threshold = tail_threshold;
+  p.split_heavy_tiles = (volatile int32_t*)split_heavy_tiles;
   emu::Block block(nthreads);
   emu::blk = &block;
   std::vector<std::thread> threads;

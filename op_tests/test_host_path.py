@@ -8,6 +8,7 @@ is the one a checked call would have stored (built here with the op's own key fu
 """
 from __future__ import annotations
 
+import ctypes
 import sys
 
 import pytest
@@ -27,6 +28,7 @@ class _Sink:
     def __init__(self):
         self.words = [0] * 8
         self.raised = 0
+        self.split_heavy_tiles = ctypes.c_int32(1)   # the metadata kernel's hint: a heavy tile
 
     def raise_pending(self):
         self.raised += 1
@@ -83,6 +85,8 @@ def _warm_decode_entry(t, log, given: bool, return_lse: bool):
     r = reduce.Prepared.__new__(reduce.Prepared)
     r.module, r.fn, r.args, r.addr, r.index, r.sink = None, _launcher(log, "reduce"), None, 0x2000, 0, p.sink
     p.reduce = r   # chained: the decode entry point launches it (C), so no reduce call from Python
+    # the device's split-merge hint says "heavy" (chained) and the stream's state is made
+    p.hint, p.state = ctypes.c_int32(1), (0xABC, False, p.addr)
     logits, attn_lse = (t["logits"], t["attn_lse"]) if given else (None, None)
     key = dec._key(t["q"], t["kv_buffer"], t["o"], t["qo_indptr"], t["kv_indptr"], t["kv_indices"],
                    t["kv_last_page_lens"], t["work_indptr"], t["work_info_set"], None, None,
@@ -139,6 +143,56 @@ def test_warm_decode_call_does_a_fixed_small_amount_of_host_work(no_gpu_stream, 
     assert py == ["mla_decode_fwd", "is_compiling", "is_scripting", "_key", "<lambda>", "fn"], py
     assert not FORBIDDEN_C & set(c), sorted(FORBIDDEN_C & set(c))
     assert c.count("empty") == (0 if given else 2), c
+
+
+def test_split_merge_follows_the_hint_per_stream(no_gpu_stream, monkeypatch):
+    """Where the split merge runs (decode.Prepared): fused into the decode launch (its own
+    DecodeArgs, with the stream's zeroed arrival counters and no chained reduce) while the
+    device's hint counts no heavy tile, chained (the checked args, reduce launched by C)
+    otherwise, always chained while the stream is being captured; a second stream gets its own
+    counters. Only a change of stream or of the hint leaves the two-line fast path."""
+    t = _case()
+    log = []
+    p = _warm_decode_entry(t, log, True, return_lse=False)
+    base = dec.SIGNATURE.pack(**{name: None if t_ is dec._ptr else 0 for name, t_ in dec.SIGNATURE.fixed})
+    p.args, p.addr = base, ctypes.addressof(base)
+    p.args.reduce_launch, p.args.reduce_args = 0x77, 0x78
+    p.allow_fused(t["reduce_indptr"], t["reduce_partial_map"], counters=6)
+    hint = p.hint
+    assert hint is p.sink.split_heavy_tiles
+    hint.value = 3
+    capturing = [False]
+    monkeypatch.setattr(dec, "_capturing", lambda device: capturing[0])
+    streams = iter([0xABC] * 3 + [0xDEF] * 2)
+    monkeypatch.setattr(dec, "raw_stream", lambda index: next(streams))
+
+    def launched_args():
+        addr = log[-1][1][0]
+        return ctypes.cast(addr, ctypes.POINTER(type(base))).contents, addr
+
+    _call_decode(t, True, False)                     # heavy: chained
+    a, addr = launched_args()
+    assert addr == p.addr and a.reduce_launch == 0x77 and not a.arrivals
+    hint.value = 0                                   # light: fused, counters for this stream
+    _call_decode(t, True, False)
+    a, addr = launched_args()
+    assert addr != p.addr and a.reduce_launch is None and a.arrivals
+    assert (a.reduce_indptr, a.reduce_partial_map) == (t["reduce_indptr"].data_ptr(), t["reduce_partial_map"].data_ptr())
+    assert (a.reduce_indptr_len, a.partial_map_len) == (t["reduce_indptr"].numel(), t["reduce_partial_map"].numel())
+    counters = [c for _, c in p._fused_args]
+    assert len(counters) == 1 and counters[0].numel() == 7 and not counters[0].any()
+    assert a.arrivals == counters[0].data_ptr()
+    first = addr
+    _call_decode(t, True, False)                     # the same: the fast path, the same args
+    assert launched_args()[1] == first
+    capturing[0] = True                              # another stream, being captured: chained
+    _call_decode(t, True, False)
+    assert launched_args()[1] == p.addr
+    capturing[0] = False                             # that stream, no longer captured: its own counters
+    _call_decode(t, True, False)
+    a, addr = launched_args()
+    assert addr not in (p.addr, first) and len(p._fused_args) == 2
+    assert a.arrivals == p._fused_args[1][1].data_ptr() != counters[0].data_ptr()
 
 
 def test_launch_failure_codes_raise_what_they_mean():

@@ -14,6 +14,7 @@ Three independent pieces are checked against each other:
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import hashlib
 import os
@@ -38,7 +39,7 @@ from aiter_mla.ops.metadata_reference import (
     slice_width,
     to_buffers,
 )
-from aiter_mla.work_info import WI, WORK_INFO_INTS
+from aiter_mla.work_info import FUSED_MERGE_MAX_PIECES, WI, WORK_INFO_INTS
 
 PAGE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 SENTINEL = -77777
@@ -692,7 +693,7 @@ class Emulator:
         self.lib = ctypes.CDLL(str(lib_path))
         self.fn = self.lib.emu_get_metadata_v1
         vp, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        self.fn.argtypes = [vp] * 9 + [i64] * 5 + [i32] * 7 + [i32]
+        self.fn.argtypes = [vp] * 9 + [i64] * 5 + [i32] * 7 + [vp, i32]
         self.fn.restype = ctypes.c_int
 
     def run(self, bufs, qo, kv, lpl, *, C, page_size, G, thr, msb=-1, nthreads=64):
@@ -700,13 +701,15 @@ class Emulator:
         t = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
         qo_t, kv_t, lpl_t = t(qo), t(kv), t(lpl or [0])
         ptrs, indptr, info_set, rindptr, final, partial = bufs
+        heavy = ctypes.c_int32(-7)   # the split-merge hint (split_heavy_tiles)
         rc = self.fn(qo_t.data_ptr(), kv_t.data_ptr(), lpl_t.data_ptr(), ptrs.data_ptr(),
                      indptr.data_ptr(), info_set.data_ptr(), rindptr.data_ptr(),
                      final.data_ptr(), partial.data_ptr(), indptr.numel(), info_set.shape[0],
                      rindptr.numel(), final.shape[0], partial.numel(), B, C,
                      num_splits_for(C, msb, B), page_size, G, overhead_blocks(page_size), thr,
-                     nthreads)
+                     ctypes.addressof(heavy), nthreads)
         assert rc == 0
+        return heavy.value
 
 
 @pytest.fixture(scope="module")
@@ -739,11 +742,14 @@ def emulate_and_compare(emulator, qo, kv, lpl, *, C, page_size, G, thr, msb=-1, 
     info = [((s[0] + extra,) + s[1:], d) if i else (s, d)
             for i, (s, d) in enumerate(info_sizes(B, C))]
     bufs = alloc(info)
-    emulator.run(bufs, qo, kv, lpl, C=C, page_size=page_size, G=G, thr=thr, msb=msb,
-                 nthreads=nthreads)
+    heavy = emulator.run(bufs, qo, kv, lpl, C=C, page_size=page_size, G=G, thr=thr, msb=msb,
+                         nthreads=nthreads)
     s = reference_schedule(qo, kv, lpl, num_heads=1, num_clusters=C, page_size=page_size,
                            kv_granularity=G, max_seqlen_qo=thr, max_split_per_batch=msb)
     compare_buffers(bufs, s, B)
+    # the hint: tiles (batches) the reference cut into more than FUSED_MERGE_MAX_PIECES pieces
+    pieces = collections.Counter(rec[WI["batch_idx"]] for rec in s.work_info)
+    assert heavy == sum(1 for n in pieces.values() if n > FUSED_MERGE_MAX_PIECES)
     return s
 
 

@@ -927,6 +927,102 @@ def test_cuda_graph_replay_new_lengths(warm, heads, qlen):
         check(f"cuda graph replay ({heads},{qlen}) kv={src.kv_lens}", src, o, lse)
 
 
+# ------------------------------------------------------------------------------------------
+# the split merge inside the decode kernel (mla_decode_fwd's one-launch path, decode.Prepared)
+
+
+def decode_merged(c: Case, bufs, fused: bool, q=None):
+    """decode_with on a caller-made plan with the merge forced where ``fused`` says, through the
+    device's hint (the metadata kernel's count of heavy tiles, read by the op without a sync:
+    set here after a sync so that no metadata kernel rewrites it first). Returns (o, lse)."""
+    from aiter_mla.ops import errors
+
+    torch.cuda.synchronize()
+    errors.sink(torch.cuda.current_device()).split_heavy_tiles.value = 0 if fused else 1
+    o = torch.full((c.q.shape[0], c.heads, DV), float("nan"), dtype=torch.bfloat16, device="cuda")
+    if q is not None:
+        c = Case(**{**c.__dict__, "q": q})
+    _, lse = decode_with(c, bufs, o)
+    used = [p.state[1] for p in dec._prepared.entries.values() if getattr(p, "hint", None) is not None
+            and p.state[0] is not None]
+    assert fused in used, (fused, used)
+    return o, lse
+
+
+def heavy_tiles(bufs) -> int:
+    """Tiles (batches) of the plan with more than FUSED_MERGE_MAX_PIECES pieces."""
+    from aiter_mla.work_info import FUSED_MERGE_MAX_PIECES
+
+    ri = bufs[3].cpu()
+    return int(((ri[1:] - ri[:-1]) > FUSED_MERGE_MAX_PIECES).sum())
+
+
+#: (heads, qlen, dtype, page_size, kv lens): every main loop, split tiles of 2-4 pieces (the
+#: fused path's use) and one of a batch over every work list (the reduce kernel's, forced here).
+MERGE_CASES = [
+    (128, 1, "fp8", 64, "varlen64"), (128, 1, "bf16", 16, "varlen64"), (16, 1, "fp8", 64, "varlen64"),
+    (32, 1, "fp8", 1, "varlen64"), (16, 4, "fp8", 16, "varlen64"), (16, 2, "bf16", 64, "varlen64"),
+    (64, 1, "fp8", 64, "varlen64"), (64, 2, "bf16", 1, "varlen64"),
+    (128, 1, "fp8", 64, "one_long"), (16, 1, "fp8", 16, "one_long"), (128, 1, "bf16", 64, "one_long"),
+]
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("heads,qlen,dtype,P,lens", MERGE_CASES)
+def test_split_merge_in_the_decode_kernel(warm, heads, qlen, dtype, P, lens):
+    """The same caller-made plan merged in the decode kernel (fused) and by the chained reduce
+    kernel, both against the float64 reference; the fused path three times back to back on new
+    q (its counters are zeroed by each launch's last CTA for the next); and the metadata kernel's
+    hint equals the plan's heavy-tile count."""
+    from aiter_mla.ops import errors
+
+    kv_lens = varlen(64, 3000, seed=heads + qlen) if lens == "varlen64" else [9000]
+    c = make_case(heads, qlen, P, DTYPES[dtype], kv_lens, seed=71 + heads)
+    bufs = plan(c)
+    torch.cuda.synchronize()
+    assert errors.sink(torch.cuda.current_device()).split_heavy_tiles.value == heavy_tiles(bufs)
+    ri = bufs[3].cpu()
+    assert int((ri[1:] - ri[:-1]).max()) >= 2, "the case must split a tile"
+    for fused in (True, False):
+        o, lse = decode_merged(c, bufs, fused)
+        check(f"split merge {'fused' if fused else 'chained'} ({heads},{qlen}) {dtype} P={P} {lens}", c, o, lse)
+    outs = []
+    torch.cuda.synchronize()
+    errors.sink(torch.cuda.current_device()).split_heavy_tiles.value = 0
+    for k in range(3):   # no sync between: PDL-chained launches share the stream's counters
+        qk = torch.randn(c.q.shape, device="cuda").to(c.q.dtype) if k else c.q
+        o = torch.full((c.q.shape[0], heads, DV), float("nan"), dtype=torch.bfloat16, device="cuda")
+        _, lse = decode_with(Case(**{**c.__dict__, "q": qk}), bufs, o)
+        outs.append((qk, o, lse))
+    torch.cuda.synchronize()
+    for k, (qk, o, lse) in enumerate(outs):
+        check(f"split merge fused, launch {k + 1} of 3 ({heads},{qlen}) {dtype}", Case(**{**c.__dict__, "q": qk}), o, lse)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_split_merge_after_a_skipped_work(warm, dtype):
+    """A work record pointing past kv_indices is skipped (its piece never arrives, so its tile
+    is never merged) and reported; once it is raised, a fused launch on the repaired plan is
+    right: the bad launch's last CTA zeroed the counters it left."""
+    c = make_case(128, 1, 64, DTYPES[dtype], varlen(64, 3000, seed=5), seed=81)
+    bufs = plan(c)
+    torch.cuda.synchronize()
+    info = bufs[2]
+    split = [i for i, rec in enumerate(info[: int(bufs[1][-1])].tolist()) if rec[WI["partial_qo_loc"]] >= 0]
+    assert split, "the case must split a tile"
+    info[split[0], WI["kv_end"]] = c.kv_indices.numel() + 1000
+    with pytest.raises(aiter_mla.DeviceIndexError, match=r"work_info_set\[\d+\] covers pages"):
+        decode_merged(c, bufs, fused=True)
+        torch.cuda.synchronize()
+        decode_merged(c, bufs, fused=True)   # raises what the first launch found, launches nothing
+    fill_plan(c, bufs)
+    o, lse = decode_merged(c, bufs, fused=True)
+    check(f"split merge fused after a skipped work {dtype}", c, o, lse)
+
+
 @gpu
 @needs_gpu
 def test_torch_compile(warm):

@@ -6,7 +6,11 @@ before the host issues the next and the loop's time is the ops' own host time. E
 called first until its modules are built and loaded (no build runs while timing); then ``reps``
 rounds of ``calls`` calls each, timed with ``time.perf_counter``, median round reported in µs
 per call. ``mla_decode_fwd`` is timed with a caller-made plan and caller-given output, both with
-AITER's freshly allocated split buffers (``alloc``) and with caller-given ones (``no_alloc``).
+AITER's freshly allocated split buffers (``alloc``) and with caller-given ones (``no_alloc``);
+this problem's one tile is not split, so the merge runs in the decode launch (``split_merge``
+"fused"); ``no_alloc_chained`` times the same call with the reduce kernel chained, as a
+schedule with a tile of more than FUSED_MERGE_MAX_PIECES pieces gets it. ``planner_plan`` /
+``planner_run``: ``MlaDecodePlanner.plan`` and ``run`` (caller-given output) on the same problem.
 """
 from __future__ import annotations
 
@@ -89,6 +93,28 @@ def host_times(heads: int = 128, dtype: str = "fp8", calls: int = 200, reps: int
         out[name] = _rounds(fn, calls, reps)
         if progress:
             progress(name, out[name])
+    # The no-alloc call again with the merge in the chained reduce kernel (two launches), as a
+    # schedule with a heavy tile gets it: the device's hint set by hand (no metadata kernel
+    # runs while timing, so none rewrites it).
+    from aiter_mla.ops import errors
+
+    hint = errors.sink(torch.cuda.current_device()).split_heavy_tiles
+    out["split_merge"] = "fused" if hint.value == 0 else "chained"
+    saved, hint.value = hint.value, 1
+    out["mla_decode_fwd_no_alloc_chained"] = _rounds(lambda: decode(logits=logits, attn_lse=attn_lse), calls, reps)
+    hint.value = saved
+    if progress:
+        progress("mla_decode_fwd_no_alloc_chained", out["mla_decode_fwd_no_alloc_chained"])
+    # The engine API over the same problem (docs/DESIGN.md §4.3): plan() per step, run() per
+    # layer with a caller-given output (the planner owns the split buffers).
+    planner = aiter_mla.MlaDecodePlanner(B, heads, sm_scale=1.0, max_num_pages=kv.shape[0],
+                                         page_size=P, max_seqlen_q=qlen, dtype=dt, device=device)
+    planner.plan(qo_indptr, kv_indptr, kv_indices, last)
+    for name, fn in (("planner_plan", lambda: planner.plan(qo_indptr, kv_indptr, kv_indices, last)),
+                     ("planner_run", lambda: planner.run(q, kv, o))):
+        out[name] = _rounds(fn, calls, reps)
+        if progress:
+            progress(name, out[name])
     out["launch_floor"] = _launch_floor(decode, logits, attn_lse, q, o, calls, reps)
     if progress:
         progress("launch_floor", out["launch_floor"])
@@ -99,9 +125,9 @@ def host_times(heads: int = 128, dtype: str = "fp8", calls: int = 200, reps: int
 
 
 def _launch_floor(decode, logits, attn_lse, q, o, calls: int, reps: int):
-    """µs of the prepared decode and reduce launches alone (one ctypes call into the decode
-    entry point, which chains the reduce, and the two CUDA launches): what a warm call costs
-    beyond its key."""
+    """µs of the prepared decode launch alone (one ctypes call into the decode entry point and
+    its CUDA launches: one with the merge fused, two with the reduce chained): what a warm call
+    costs beyond its key."""
     from aiter_mla.ops import decode as dec
 
     decode(logits=logits, attn_lse=attn_lse)

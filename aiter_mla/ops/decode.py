@@ -103,7 +103,9 @@ SIGNATURE = launch.Signature("aiter_mla_decode", (
     ("kv_indptr", _ptr), ("work_indptr", _ptr), ("work_indptr_len", _i64), ("work_info", _ptr),
     ("num_works", _i64), ("q_scale", _ptr), ("kv_scale", _ptr), ("q_rows", _i64),
     ("split_tokens", _i64), ("error_claim", _ptr), ("error_record", _ptr),
-    ("reduce_launch", _ptr), ("reduce_args", _ptr), ("sm_scale", ctypes.c_float),
+    ("reduce_launch", _ptr), ("reduce_args", _ptr), ("arrivals", _ptr), ("reduce_indptr", _ptr),
+    ("reduce_partial_map", _ptr), ("reduce_indptr_len", _i64), ("partial_map_len", _i64),
+    ("sm_scale", ctypes.c_float),
     ("num_heads", _int), ("num_clusters", _int), ("grid_x", _int), ("num_batches", _int),
     ("total_q", _int), ("max_seqlen_q", _int), ("device", _int)))
 
@@ -343,13 +345,28 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
 
 class Prepared:
     """A checked decode launch: the loaded entry point and its filled ``DecodeArgs``, the
-    device's error record, the split buffers' shapes, and (for ``mla_decode_fwd``) the reduce
-    launch, which the decode entry point runs right after its own (``chain_reduce``).
-    ``plan_key`` / ``plan``: the plan record the checks saw (``metadata._plans``); a warm call
-    requires it unchanged."""
+    device's error record, the split buffers' shapes and, for ``mla_decode_fwd``, how the split
+    rows are merged. ``plan_key`` / ``plan``: the plan record the checks saw
+    (``metadata._plans``); a warm call requires it unchanged.
+
+    The merge (docs/DESIGN.md §5.10) runs one of two ways, chosen per launch:
+
+    * *chained* (``args`` as filled by :meth:`chain_reduce`): the decode entry point launches the
+      reduce kernel right after the decode; any schedule, two launches.
+    * *fused* (:meth:`allow_fused`): the decode kernel merges each split tile itself, behind a
+      per-tile arrival counter; one launch, for schedules whose tiles have at most
+      ``work_info.FUSED_MERGE_MAX_PIECES`` pieces (a merged tile's pieces all pass through one SM).
+
+    Both are right for any schedule, so the choice can follow a hint the host reads without a
+    sync: the metadata kernel's count of heavier tiles in the last schedule it made on this
+    device (``errors.Sink.split_heavy_tiles``, possibly a schedule behind). Fused needs zeroed
+    counters per stream (the kernel's last CTA zeroes them again), so ``state`` = (stream,
+    fused, DecodeArgs address) names the launch for the current stream; a stream being
+    captured into a CUDA graph always gets chained (a graph is replayed on other data)."""
 
     __slots__ = ("module", "fn", "args", "addr", "index", "sink", "split_shape", "lse_shape",
-                 "reduce", "plan_key", "plan", "device")
+                 "reduce", "plan_key", "plan", "device", "hint", "state", "_fused_args",
+                 "_merge_maps", "_modes")
 
     def chain_reduce(self, r) -> None:
         """Make the decode entry point launch the reduce ``r`` (a ``reduce.Prepared`` filled
@@ -357,11 +374,48 @@ class Prepared:
         self.reduce = r
         self.args.reduce_launch, self.args.reduce_args = r.fn_addr, r.addr
 
+    def allow_fused(self, reduce_indptr, reduce_partial_map, counters: int) -> None:
+        """Let launches merge inside the decode kernel while the device's hint allows
+        (``counters``: num_batches x CTAs per work)."""
+        self.hint = self.sink.split_heavy_tiles
+        self._merge_maps = (reduce_indptr.data_ptr(), reduce_partial_map.data_ptr(),
+                            reduce_indptr.numel(), reduce_partial_map.numel(), counters)
+        self._modes = {}
+        self.state = (None, None, self.addr)
+
+    def select(self, stream: int) -> tuple:
+        """The (stream, fused, args address) to launch with on ``stream`` now (kept as
+        ``state``); makes the stream's zeroed counters on its first fused launch."""
+        fused = self.hint.value == 0 and not _capturing(self.device)
+        key = (stream, fused)
+        addr = self._modes.get(key)
+        if addr is None:
+            if fused:
+                indptr, pmap, indptr_len, pmap_len, counters = self._merge_maps
+                arrivals = torch.zeros(1 + counters, dtype=torch.int32, device=self.device)
+                a = type(self.args).from_buffer_copy(self.args)
+                a.reduce_launch = a.reduce_args = None
+                a.arrivals, a.reduce_indptr, a.reduce_partial_map = arrivals.data_ptr(), indptr, pmap
+                a.reduce_indptr_len, a.partial_map_len = indptr_len, pmap_len
+                self._fused_args = getattr(self, "_fused_args", ()) + ((a, arrivals),)
+                addr = ctypes.addressof(a)
+            else:
+                addr = self.addr
+            self._modes[key] = addr
+        self.state = (stream, fused, addr)
+        return self.state
+
     def launch(self, q_ptr: int, out_ptr: int, final_lse_ptr, split_ptr: int, split_lse_ptr: int) -> None:
-        """The decode launch (and the chained reduce's) on the current stream; raises the
-        recorded device error instead when there is one (nothing launched)."""
-        rc = self.fn(self.addr, q_ptr, out_ptr, final_lse_ptr, split_ptr, split_lse_ptr,
-                     raw_stream(self.index))
+        """The decode launch (and the chained reduce's, or the fused merge) on the current
+        stream; raises the recorded device error instead when there is one (nothing launched)."""
+        stream = raw_stream(self.index)
+        addr = self.addr
+        if self.hint is not None:
+            st = self.state
+            if st[0] != stream or st[1] != (self.hint.value == 0):
+                st = self.select(stream)
+            addr = st[2]
+        rc = self.fn(addr, q_ptr, out_ptr, final_lse_ptr, split_ptr, split_lse_ptr, stream)
         if rc != 0:
             self.fail(rc)
 
@@ -415,12 +469,13 @@ def _prepare(query, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
         q_rows=int(query.shape[0]) * num_heads,
         split_tokens=split_output.numel() // (num_heads * V_HEAD_DIM),
         error_claim=sink.claim_ptr, error_record=sink.record_ptr, reduce_launch=None,
-        reduce_args=None, sm_scale=float(softmax_scale), num_heads=num_heads, num_clusters=clusters,
+        reduce_args=None, arrivals=None, reduce_indptr=None, reduce_partial_map=None,
+        reduce_indptr_len=0, partial_map_len=0, sm_scale=float(softmax_scale), num_heads=num_heads, num_clusters=clusters,
         grid_x=launch_grid_x(params, clusters), num_batches=qo_indptr.numel() - 1,
         total_q=int(query.shape[0]), max_seqlen_q=max_seqlen_q, device=index)
     p.addr = ctypes.addressof(p.args)
     p.split_shape, p.lse_shape = tuple(split_output.shape), tuple(split_lse.shape)
-    p.reduce = None
+    p.reduce = p.hint = None
     p.plan_key = metadata._plan_key(work_info_set)
     p.plan = metadata._plans.get(p.plan_key)
     return p
@@ -574,7 +629,11 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     (``get_mla_metadata_info_v1`` + ``get_mla_metadata_v1`` with
     ``kv_granularity = default_kv_granularity(page_size)``); otherwise the given schedule
     (``work_indptr``, ``work_info_set``, ``reduce_*``) is used. Then the decode kernel runs and
-    ``mla_reduce_v1`` merges split rows (always called; it skips unsplit tiles).
+    the split rows are merged (docs/DESIGN.md §5.10): with a caller-made plan whose tiles have at
+    most ``work_info.FUSED_MERGE_MAX_PIECES`` pieces, by the decode kernel itself (one launch); otherwise,
+    and always inside a CUDA-graph capture, by the reduce kernel of ``mla_reduce_v1``, launched
+    right after it. The choice follows the metadata kernel's count on the device
+    (:class:`Prepared`); either way gives the same result.
 
     Args:
         q: [total_q, H, 576] fp8 e4m3fn or bf16. kv_buffer: [num_pages, page_size, 1, 576], same
@@ -642,9 +701,14 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
                     final_lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=p.device)
                 elif not return_lse:
                     final_lse = None
-                # one host call: the error record asked, then the decode and reduce launches
-                rc = p.fn(p.addr, q_ptr, o.data_ptr(), None if final_lse is None else final_lse.data_ptr(),
-                          logits.data_ptr(), attn_lse.data_ptr(), raw_stream(p.index))
+                # one host call: the error record asked, then the decode launch and the merge
+                # (fused into it, or the chained reduce launch: Prepared)
+                stream = raw_stream(p.index)
+                st = p.state
+                if st[0] != stream or st[1] != (p.hint.value == 0):
+                    st = p.select(stream)
+                rc = p.fn(st[2], q_ptr, o.data_ptr(), None if final_lse is None else final_lse.data_ptr(),
+                          logits.data_ptr(), attn_lse.data_ptr(), stream)
                 if rc != 0:
                     p.fail(rc)
                 return logits, final_lse
@@ -768,6 +832,8 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
                       max_seqlen_q, o, final_lse)
     p.chain_reduce(reduce.prepare(logits, reduce_indptr, reduce_final_map, reduce_partial_map,
                                   max_seqlen_q, o, final_lse, ask_errors=False))
+    if key is not None:   # a caller-made plan (a self-made one is fresh: the hint is about another)
+        p.allow_fused(reduce_indptr, reduce_partial_map, (qo_indptr.numel() - 1) * (params["block_m"] // 64))
     _launch_first(p, q.data_ptr(), o.data_ptr(), None if final_lse is None else final_lse.data_ptr(),
                   logits.data_ptr(), attn_lse.data_ptr())
     if key is not None and not capturing:

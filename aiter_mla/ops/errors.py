@@ -93,9 +93,11 @@ def _rebuild(message, code, index, value, bound, device) -> DeviceIndexError:
 class Sink:
     """One device's error record: ``claim`` (device int32 per slot), ``record`` (pinned int64
     words, slot after slot), ``words`` (a ctypes view of the record for the host's reads) and
-    their addresses. ``words[0]`` / ``words[ERROR_SLOT_WORDS]``: the slots' codes (0: none)."""
+    their addresses. ``words[0]`` / ``words[ERROR_SLOT_WORDS]``: the slots' codes (0: none).
+    ``split_heavy_tiles``: a ctypes int32 the metadata kernel writes (``hint``, pinned)."""
 
-    __slots__ = ("device", "claim", "record", "words", "claim_ptr", "record_ptr")
+    __slots__ = ("device", "claim", "record", "words", "claim_ptr", "record_ptr", "hint",
+                 "split_heavy_tiles", "split_heavy_tiles_ptr")
 
     def __init__(self, device: int):
         import torch
@@ -113,6 +115,13 @@ class Sink:
         self.words = (ctypes.c_int64 * n).from_address(self.record.data_ptr())
         self.claim_ptr = self.claim.data_ptr()
         self.record_ptr = self.record.data_ptr()
+        # Beside the record, for the same reasons (pinned, written through its mapped address,
+        # read without a sync, never freed while a kernel may still write it): the metadata
+        # kernel's count of split-heavy tiles in the last schedule it made on this device, the
+        # decode op's hint for where the split merge runs (ops/decode.py).
+        self.hint = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        self.split_heavy_tiles = ctypes.c_int32.from_address(self.hint.data_ptr())
+        self.split_heavy_tiles_ptr = self.hint.data_ptr()
 
     def raise_pending(self) -> None:
         """Raise the recorded error, if any, and clear the record (the claim is cleared on the

@@ -308,7 +308,7 @@ SIGNATURE = launch.Signature("aiter_mla_get_metadata_v1", (("stream", _vp),), fi
     ("cap_final_map", _i64), ("cap_partial_map", _i64),
     ("num_batches", _i32), ("num_clusters", _i32), ("num_splits", _i32), ("page_size", _i32),
     ("kv_granularity", _i32), ("overhead", _i32), ("tail_threshold", _i32),
-    ("device", _i32), ("error_record", _vp)))
+    ("device", _i32), ("error_record", _vp), ("split_heavy_tiles", _vp)))
 
 
 def _metadata_module(_key, device_index: int):
@@ -548,6 +548,7 @@ def _prepare(device, qo_indptr, kv_indptr, kv_last_page_lens, work_metadata_ptrs
         cap_final_map=reduce_final_map.shape[0], cap_partial_map=reduce_partial_map.numel(),
         num_batches=nb, num_clusters=nc, num_splits=nsplit, page_size=page_size,
         kv_granularity=kv_granularity, overhead=overhead_blocks(page_size),
-        tail_threshold=max_seqlen_qo, device=index, error_record=p.sink.record_ptr)
+        tail_threshold=max_seqlen_qo, device=index, error_record=p.sink.record_ptr,
+        split_heavy_tiles=p.sink.split_heavy_tiles_ptr)
     p.addr = ctypes.addressof(p.args)
     return p
