@@ -32,13 +32,21 @@ def is_experimental_enabled() -> bool:
     return env.get_flag("AITER_ENABLE_EXPERIMENTAL")
 
 
-def tile_rows(num_heads: int, max_seqlen_q: int) -> int:
-    """Query rows one decode tile covers: 128 (m16x8) or 64 (m16x4).
+#: The decode shapes: any q heads per KV head in 1..MAX_HEADS and q length in 1..MAX_SEQLEN_Q,
+#: so up to MAX_ROWS query rows (heads x q length) a request (docs/DESIGN.md §9.2).
+MAX_HEADS = 128
+MAX_SEQLEN_Q = 16
+MAX_ROWS = MAX_HEADS * MAX_SEQLEN_Q
+#: Query rows of one decode CTA; a work's rows are covered by whole 64-row blocks.
+ROW_BLOCK = 64
 
-    (16,1), (32,1) and (16,2) have fewer than 64 rows and run on the 64-row tile with padding.
-    """
+
+def tile_rows(num_heads: int, max_seqlen_q: int) -> int:
+    """Query rows one decode tile covers: the rows (heads x qlen) rounded up to whole 64-row
+    blocks, so 64 (AITER's m16x4), 128 (m16x8), 192, ... up to MAX_ROWS. Shapes of fewer rows
+    than their tile run with padded rows ((16,1), (40,1), (100,1), ...)."""
     rows = num_heads * max_seqlen_q
-    return 128 if rows > 64 else 64
+    return ROW_BLOCK * max(1, -(-rows // ROW_BLOCK))
 
 
 #: Rows (heads x qlen) up to which one consumer warpgroup holds a whole work: those shapes get
@@ -93,8 +101,8 @@ def num_cu(device=None) -> int:
 
 
 def ctas_per_work(num_heads: int, max_seqlen_q: int) -> int:
-    """CTAs (multiprocessors) one work occupies at once: 2 for the 128-row tile (two 64-row
-    CTAs on the same KV), else 1."""
+    """CTAs (multiprocessors) one work occupies at once: one per 64-row block of its tile, all
+    on the same KV (2 for the 128-row tile, 32 at 2048 rows)."""
     return tile_rows(num_heads, max_seqlen_q) // 64
 
 
@@ -105,7 +113,7 @@ def num_clusters(num_heads: int, max_seqlen_q: int, num_heads_k: int = 1, device
 
     Source: AITER ``get_mla_metadata_v1_2_device`` (#3072): num_CU x occupancy / num_heads_k.
     Ours divides by ``ctas_per_work`` too: a 128-row work runs on two CTAs at once, so an H200
-    holds 66 of them, not 132 (with 132 lists, every batch below 132 was split and the reduce
+    holds 66 of them, not 132 (and 33 of a 256-row work's four) (with 132 lists, every batch below 132 was split and the reduce
     cost 24 us of 266 at fp8 (128,1) b64 ctx 8192; docs/perf/notes.md change 13). Raises
     TypeError when an argument is not an int, ValueError for ``num_heads_k < 1`` or ``cu < 1``.
     """

@@ -412,8 +412,8 @@ def test_compile_only_builds_one_decode_variant_per_tile_shape(tmp_path):
 
 def test_compile_only_unsupported_shape(capsys):
     # an argument error: exit 2, as for a bad size (it was 1)
-    assert main(["bench", "--compile-only", "-n", "48,1", "--no-progress"]) == 2
-    assert "(48, 1) is not supported" in capsys.readouterr().err
+    assert main(["bench", "--compile-only", "-n", "129,1", "--no-progress"]) == 2
+    assert "(129, 1) is not supported" in capsys.readouterr().err
 
 
 def test_build_variants_turns_exceptions_into_results(monkeypatch):

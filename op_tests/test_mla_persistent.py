@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import random
 from dataclasses import dataclass
 
 import pytest
@@ -35,7 +36,7 @@ FP8 = torch.float8_e4m3fn
 SM_SCALE = 1.0 / math.sqrt(D)
 PAGE_SIZES = (1, 16, 64)
 DTYPES = {"fp8": FP8, "bf16": torch.bfloat16}
-SHAPES = tuple(dec.SUPPORTED_SHAPES)
+SHAPES = tuple(dec.AITER_SHAPES)
 
 HAS_GPU = torch.cuda.is_available()
 gpu = pytest.mark.gpu
@@ -48,6 +49,21 @@ _RESULTS: list[tuple] = []
 # session fixtures: build every variant once, in parallel; print the results table
 
 
+def _any_shape_cases():
+    """(heads, qlen, dtype, page_size) for test_any_shape: a fixed-seed sample of heads {1, 3, 16,
+    40, 64, 100, 128} x qlen {1, 2, 3, 4, 5, 8, 16}, dtypes and page sizes alternating, plus
+    DeepSeek-V3's TP8 MTP (16,3) and TP1 MTP (128,2) in both dtypes and the largest, (128,16)."""
+    grid = [(h, q) for h in (1, 3, 16, 40, 64, 100, 128) for q in (1, 2, 3, 4, 5, 8, 16)]
+    picks = random.Random(24).sample(grid, 16)
+    cases = [(h, q, ("fp8", "bf16")[i % 2], (64, 1)[(i // 2) % 2]) for i, (h, q) in enumerate(picks)]
+    cases += [(16, 3, "fp8", 64), (16, 3, "bf16", 16), (128, 2, "fp8", 64), (128, 2, "bf16", 1),
+              (128, 16, "fp8", 64), (40, 1, "fp8", 1)]
+    return list(dict.fromkeys(cases))
+
+
+ANY_SHAPE_CASES = _any_shape_cases()
+
+
 def _all_variants():
     out = []
     for heads, qlen in SHAPES:
@@ -56,6 +72,10 @@ def _all_variants():
                 v = dec.decode_variant(heads, qlen, p, dt, dt)
                 if v not in out:
                     out.append(v)
+    for heads, qlen, name, p in ANY_SHAPE_CASES:
+        v = dec.decode_variant(heads, qlen, p, DTYPES[name], DTYPES[name])
+        if v not in out:
+            out.append(v)
     return out
 
 
@@ -262,22 +282,26 @@ def test_cluster_count_arguments_are_checked():
 
 
 def test_variant_selection():
-    """Every supported shape, page size and dtype maps to one variant: block_m from the rows,
-    block_n 64, causal for qlen > 1, and the main loop of its (dtype, rows): tile_pairs for fp8
-    above 32 rows, warpgroup_works for fp8 at most 32, key_halves for bf16."""
+    """Every supported shape, page size and dtype maps to one variant: block_m = the rows
+    rounded up to whole 64-row blocks (AITER's ten pairs: its m16x8 = 128, m16x4 = 64), block_n
+    64, causal for qlen > 1, and the main loop of its (dtype, rows): tile_pairs for fp8 above 32
+    rows, warpgroup_works for fp8 at most 32, key_halves for bf16."""
     v = dec.decode_variant(128, 1, 64, FP8, FP8)
     assert v == dict(arch="sm_90a", block_m=128, page_size=64, block_n=64, mask="none",
                      q_dtype="fp8", kv_dtype="fp8", mainloop="tile_pairs")
-    want_block_m = {128: 128, 64: 64, 32: 64, 16: 64}
-    for heads, qlen in dec.SUPPORTED_SHAPES:
+    for (heads, qlen), block_m in dec.AITER_SHAPES.items():
+        assert dec.decode_variant(heads, qlen, 64, FP8, FP8)["block_m"] == block_m
+    grid = [(h, q) for h in (1, 3, 16, 40, 64, 100, 128) for q in (1, 2, 3, 4, 5, 8, 16)]
+    for heads, qlen in grid + list(dec.AITER_SHAPES):
         rows = heads * qlen
         for page_size in (1, 8, 256):
             for name, dt in DTYPES.items():
                 v = dec.decode_variant(heads, qlen, page_size, dt, dt)
                 loop = "key_halves" if name == "bf16" else ("warpgroup_works" if rows <= 32 else "tile_pairs")
-                assert v == dict(arch="sm_90a", block_m=want_block_m[rows], page_size=page_size, block_n=64,
-                                 mask="causal" if qlen > 1 else "none", q_dtype=name, kv_dtype=name,
-                                 mainloop=loop), (heads, qlen, page_size, name)
+                assert v == dict(arch="sm_90a", block_m=64 * max(1, math.ceil(rows / 64)), page_size=page_size,
+                                 block_n=64, mask="causal" if qlen > 1 else "none", q_dtype=name,
+                                 kv_dtype=name, mainloop=loop), (heads, qlen, page_size, name)
+    assert dec.decode_variant(128, 16, 64, FP8, FP8)["block_m"] == 2048
     assert set(dec.MAINLOOPS) == {"tile_pairs", "warpgroup_works", "key_halves"}
     with pytest.raises(TypeError, match="mainloop"):   # the loop is not the caller's to choose
         dec.decode_variant(128, 1, 64, FP8, FP8, mainloop="tile_pairs")
@@ -285,8 +309,8 @@ def test_variant_selection():
                        ((128, 1.5, 64), "max_seqlen_q"), (("128", 1, 64), "num_heads")]:
         with pytest.raises(TypeError, match=f"{name} must be an int"):
             dec.decode_variant(*args, FP8, FP8)
-    for heads, qlen in [(8, 1), (128, 2), (16, 16), (48, 1)]:
-        with pytest.raises(NotImplementedError, match=r"supported \(num_heads, max_seqlen_q\)"):
+    for heads, qlen in [(0, 1), (129, 1), (16, 17), (128, 0), (256, 8)]:
+        with pytest.raises(NotImplementedError, match=r"is not supported; supported: num_heads in 1..128 and max_seqlen_q in 1..16"):
             dec.decode_variant(heads, qlen, 64, FP8, FP8)
     with pytest.raises(NotImplementedError, match="dtype"):
         dec.decode_variant(128, 1, 64, FP8, torch.bfloat16)
@@ -728,7 +752,7 @@ def test_input_errors(warm):
     with pytest.raises(NotImplementedError, match="supported"):
         call(kv_buffer=c.kv.to(FP8))
     with pytest.raises(NotImplementedError, match="supported"):
-        call(max_seqlen_q=3)
+        call(max_seqlen_q=17)
     with pytest.raises(TypeError, match="max_seqlen_q must be an int, got 4.5"):   # was truncated to 4
         call(max_seqlen_q=4.5)
     with pytest.raises(TypeError, match="page_size must be an int, got '16'"):
@@ -925,6 +949,31 @@ def test_cuda_graph_replay_new_lengths(warm, heads, qlen):
         graph.replay()
         torch.cuda.synchronize()
         check(f"cuda graph replay ({heads},{qlen}) kv={src.kv_lens}", src, o, lse)
+
+
+# ------------------------------------------------------------------------------------------
+# any head count and q length (up to 2048 rows a request)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("heads,qlen,dtype,P", ANY_SHAPE_CASES)
+def test_any_shape(warm, heads, qlen, dtype, P):
+    """Any (heads, qlen): ragged q lengths (each <= qlen, causal bottom-right for qlen > 1), varlen
+    KV with NaN in every unused slot, an empty request and a long one that the schedule splits;
+    self-planned (merge by the reduce kernel), then a caller-made plan merged both ways."""
+    g = random.Random(1000 * heads + qlen)
+    kv_lens = [g.randint(16, 2500) for _ in range(3)] + [0, 6000]
+    qo_lens = [g.randint(1, qlen) for _ in range(4)] + [qlen]
+    c = make_case(heads, qlen, P, DTYPES[dtype], kv_lens, qo_lens=qo_lens, seed=7 * heads + qlen)
+    o, lse, _ = run_decode(c)
+    check(f"any shape ({heads},{qlen}) {dtype} P={P} self-planned", c, o, lse)
+    bufs = plan(c)
+    ri = bufs[3].cpu()
+    assert int((ri[1:] - ri[:-1]).max()) >= 2, "the long request must be split"
+    for fused in (True, False):
+        o, lse = decode_merged(c, bufs, fused)
+        check(f"any shape ({heads},{qlen}) {dtype} P={P} {'fused' if fused else 'chained'}", c, o, lse)
 
 
 # ------------------------------------------------------------------------------------------

@@ -7,10 +7,13 @@ write past their batch, ``final_lse`` is written for unsplit works too, every ro
 is written (fully masked rows: 0 / LSE +inf, split pieces 0 / -inf), and ``q_scale`` /
 ``kv_scale`` are honoured (real value = stored x scale).
 
-Supported (``SUPPORTED_SHAPES``, ``SUPPORTED_DTYPES``): heads x qlen of 128 on a 128-row tile
-(two 64-row CTAs per work on sm_90a), 64 on a 64-row tile, and (16,1), (32,1), (16,2) on the
-64-row tile with padded rows; q/kv both fp8 e4m3fn or both bf16; output bf16; page_size any
-power of two 1..256 (the kernel reads it from ``kv_buffer.shape[1]``, as AITER's HK entry does).
+Supported (:func:`is_supported_shape`, ``SUPPORTED_DTYPES``): any q heads in 1..128 and q
+length in 1..16 (``arch.MAX_HEADS``, ``arch.MAX_SEQLEN_Q``), so up to 2048 query rows a
+request. A work's rows run as 64-row CTAs side by side on the same KV (``arch.tile_rows``: 64,
+128, 192, ...; padded rows where heads x qlen is not a multiple of 64). ``AITER_SHAPES``: the
+ten (heads, qlen) pairs AITER's HK kernel takes, with AITER's meanings. q/kv both fp8 e4m3fn or
+both bf16; output bf16; page_size any power of two 1..256 (the kernel reads it from
+``kv_buffer.shape[1]``, as AITER's HK entry does).
 
 Numerics (kernel: templates/mla_decode.cu.j2 + templates/common/mla_decode_sm90*.cuh): scores
 = q.k over 576 dims (tensor cores, fp32 accumulate; fp8 QK promoted to fp32 in chunks of k-steps)
@@ -50,20 +53,28 @@ from . import errors, launch, metadata, reduce
 from .launch import raw_stream
 
 __all__ = [
-    "SUPPORTED_SHAPES",
+    "AITER_SHAPES",
     "SUPPORTED_DTYPES",
     "decode_variant",
+    "is_supported_shape",
     "hk_mla_decode_fwd",
     "mla_decode_fwd",
 ]
 
-#: (num_heads, max_seqlen_q) -> block_m. 128-row shapes use m16x8 (two 64-row CTAs on sm_90a),
-#: 64-row shapes m16x4; (16,1), (32,1), (16,2) run on the 64-row tile with padded rows.
-SUPPORTED_SHAPES = {
+#: AITER's ten (num_heads, max_seqlen_q) pairs -> its tile rows: m16x8 (128 rows, two 64-row
+#: CTAs here), m16x4 (64), and (16,1), (32,1), (16,2) on the 64-row tile with padded rows. Every
+#: other shape of :func:`is_supported_shape` runs too (``arch.tile_rows``).
+AITER_SHAPES = {
     (128, 1): 128, (64, 2): 128, (32, 4): 128, (16, 8): 128,
     (64, 1): 64, (32, 2): 64, (16, 4): 64,
     (16, 1): 64, (32, 1): 64, (16, 2): 64,
 }
+
+
+def is_supported_shape(num_heads: int, max_seqlen_q: int) -> bool:
+    """Whether the decode kernels take ``num_heads`` q heads (per KV head) at q length
+    ``max_seqlen_q``: 1..arch.MAX_HEADS and 1..arch.MAX_SEQLEN_Q."""
+    return 1 <= num_heads <= arch.MAX_HEADS and 1 <= max_seqlen_q <= arch.MAX_SEQLEN_Q
 
 #: torch dtype -> template name. q and kv must be the same (fp8/fp8 or bf16/bf16).
 SUPPORTED_DTYPES = {getattr(torch, name): value for name, value in KERNEL_DTYPES.items()}
@@ -124,9 +135,8 @@ _prepared = launch.IdentityCache()
 
 
 def _supported_text() -> str:
-    shapes = ", ".join(f"({h},{q})" for h, q in SUPPORTED_SHAPES)
-    return (f"supported (num_heads, max_seqlen_q): {shapes}; q/kv dtypes: fp8 e4m3fn/fp8 e4m3fn "
-            f"or bf16/bf16; page_size: a power of two in 1..256")
+    return (f"supported: num_heads in 1..{arch.MAX_HEADS} and max_seqlen_q in 1..{arch.MAX_SEQLEN_Q}; "
+            f"q/kv dtypes: fp8 e4m3fn/fp8 e4m3fn or bf16/bf16; page_size: a power of two in 1..256")
 
 
 def _require_int(name: str, value) -> int:
@@ -141,7 +151,7 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
     """The ``mla_decode`` template parameters for a problem shape (the JIT variant).
 
     Returns a dict for ``aiter_mla.jit.get_module("mla_decode", **params)``: arch sm_90a,
-    block_m 128 or 64, page_size, block_n 64, mask ``causal`` when max_seqlen_q > 1 else
+    block_m = ``arch.tile_rows`` (64, 128, ..., 2048), page_size, block_n 64, mask ``causal`` when max_seqlen_q > 1 else
     ``none``, q_dtype / kv_dtype ("fp8" / "bf16") and mainloop (``mainloop_for``).
 
     Raises TypeError when num_heads / max_seqlen_q / page_size is not an int (bools and floats
@@ -152,7 +162,7 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
     max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
     page_size = _require_int("page_size", page_size)
     key = (num_heads, max_seqlen_q)
-    if key not in SUPPORTED_SHAPES:
+    if not is_supported_shape(num_heads, max_seqlen_q):
         raise NotImplementedError(
             f"mla decode: (num_heads, max_seqlen_q) = {key} is not supported; {_supported_text()}")
     for name, dt in (("q_dtype", q_dtype), ("kv_dtype", kv_dtype)):
@@ -167,7 +177,7 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
         raise NotImplementedError(
             f"mla decode: page_size {page_size} is not supported; {_supported_text()}")
     dt = SUPPORTED_DTYPES[q_dtype]
-    return dict(arch="sm_90a", block_m=SUPPORTED_SHAPES[key], page_size=int(page_size), block_n=64,
+    return dict(arch="sm_90a", block_m=arch.tile_rows(num_heads, max_seqlen_q), page_size=int(page_size), block_n=64,
                 mask="causal" if max_seqlen_q > 1 else "none", q_dtype=dt, kv_dtype=dt,
                 mainloop=mainloop_for(dt, num_heads * max_seqlen_q))
 
@@ -543,7 +553,7 @@ def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, k
 
     Args:
         query: [total_q, H, 576] fp8 e4m3fn or bf16, contiguous; (H, max_seqlen_q) in
-            ``SUPPORTED_SHAPES``.
+            :func:`is_supported_shape`.
         kv_buffer: [num_pages, page_size, 1, 576], same dtype as query, contiguous; page_size is
             read from ``kv_buffer.shape[1]`` (a power of two 1..256). V = first 512 columns.
         qo_indptr, kv_indptr: [B+1] int32 (kv_indptr in pages); used by the checks only, the

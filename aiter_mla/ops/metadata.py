@@ -157,7 +157,8 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
 
     B = ``batch_size`` (the most batches the buffers will be planned for), C =
     :func:`aiter_mla.arch.num_clusters` (num_CU x occupancy / CTAs per work; ``CU_NUM`` overrides num_CU).
-    One qo tile per batch, so ``num_head_qo * max_seqlen_qo`` must be <= 128. The decode op's
+    One qo tile per batch, of ``num_head_qo * max_seqlen_qo`` <= 2048 rows (``arch.MAX_ROWS``;
+    the decode runs a tile's 64-row blocks side by side, so C counts them). The decode op's
     partial buffers need ``entries * max_seqlen_qo`` token rows. ``q_dtype``, ``kv_dtype`` and
     ``num_kv_splits`` do not change the sizes (AITER uses them for gfx950-only shapes and for
     intra-batch mode).
@@ -165,7 +166,7 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     Source: AITER ``aiter/ops/attention.py`` (fast mode); the bounds are proven in this module's
     docstring and tighter than AITER's only where AITER over-counts qo tiles.
     Raises NotImplementedError for ``is_sparse``, ``intra_batch_mode``, ``fast_mode=False`` or
-    more than 128 rows per tile; ValueError for a negative batch size, one whose work indices
+    more than 2048 rows per tile; ValueError for a negative batch size, one whose work indices
     would not fit int32, or non-positive lengths;
     RuntimeError when no GPU is visible and ``CU_NUM`` is unset.
     """
@@ -362,7 +363,7 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     Raises :class:`aiter_mla.ops.errors.DeviceIndexError` (a ValueError) for a bad index value
     an earlier decode kernel found on this device (before this call launches anything);
     NotImplementedError for ``topk >= 0``, ``intra_batch_mode``, ``fast_mode=False``,
-    ``num_heads_k != 1`` or ``num_heads_per_head_k * max_seqlen_qo > 128``; ValueError /
+    ``num_heads_k != 1`` or ``num_heads_per_head_k * max_seqlen_qo > 2048``; ValueError /
     TypeError for bad arguments (named, with expected and actual values) or buffers too small
     for this input; RuntimeError
     when the cluster count cannot be known (CPU tensors, no visible GPU and ``CU_NUM`` unset) or

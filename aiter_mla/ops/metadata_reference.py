@@ -36,7 +36,7 @@ Conventions (``docs/ARCHITECTURE.md``; units as AITER):
 * ``OVH = max(1, ceil(16 / page_size))`` (AITER ``fixed_over_head_num_blocks``).
 * ``num_splits = num_clusters`` if ``max_split_per_batch < 0`` else
   ``min(num_clusters, max_split_per_batch * num_batches)`` (a *global* cap, as AITER).
-* One qo tile per batch (``num_heads * max_seqlen_qo <= 128``); ragged q lengths are read from
+* One qo tile per batch (``num_heads * max_seqlen_qo <= MAX_TILE_ROWS``); ragged q lengths are read from
   ``qo_indptr``: a split piece takes ``qlen_b`` partial rows (rows in (batch, piece) order),
   ``reduce_final_map[b] = (qo_start_b, qo_end_b)``.
 * Tail rule (ours, docs/DESIGN.md §8.4): a cut is never made when it would leave fewer than
@@ -58,8 +58,14 @@ from dataclasses import dataclass, field
 from ..work_info import WHOLE_BATCH_SLACK, WI, WORK_INFO_INTS
 
 INT32_MAX = 2**31 - 1
-#: Query rows one qo tile holds (AITER ``kPackedQoLenPerWg``); larger shapes need qo splits.
-MAX_TILE_ROWS = 128
+#: Query rows one qo tile (one batch's q rows) may hold: arch.MAX_ROWS (128 heads x 16 q
+#: tokens). AITER's tile holds 128 (``kPackedQoLenPerWg``) and splits larger shapes into qo
+#: tiles; the decode kernel here runs a tile's 64-row blocks as CTAs side by side instead, so
+#: the schedule never depends on the row count.
+MAX_TILE_ROWS = 2048
+#: ... as at most 128 q heads (per KV head) and q length 16, the decode kernels' limits.
+MAX_HEADS = 128
+MAX_SEQLEN_QO = 16
 
 
 def overhead_blocks(page_size: int) -> int:
@@ -107,11 +113,10 @@ def check_scalars(*, num_heads: int, num_clusters: int, page_size: int, kv_granu
     if max_seqlen_qo < 1:
         raise ValueError(
             f"max_seqlen_qo must be >= 1 (the largest q length of any batch), got {max_seqlen_qo}")
-    if num_heads * max_seqlen_qo > MAX_TILE_ROWS:
+    if num_heads > MAX_HEADS or max_seqlen_qo > MAX_SEQLEN_QO:
         raise NotImplementedError(
-            f"{heads_name} * max_seqlen_qo = {num_heads} * {max_seqlen_qo} = "
-            f"{num_heads * max_seqlen_qo} > {MAX_TILE_ROWS}: more than one qo tile per batch "
-            "(AITER kQoSplits) is not supported")
+            f"{heads_name} * max_seqlen_qo = {num_heads} * {max_seqlen_qo} is not supported: at most "
+            f"{MAX_HEADS} heads and q length {MAX_SEQLEN_QO} ({MAX_TILE_ROWS} rows a tile)")
     if num_clusters < 1:
         raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
     if not _is_pow2(page_size):

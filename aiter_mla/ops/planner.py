@@ -37,7 +37,7 @@ class MlaDecodePlanner:
     Args (keyword-only after ``num_heads``):
         max_batch_size: the most requests one step holds.
         num_heads: query heads on this rank (one KV head, as MLA). (num_heads, max_seqlen_q)
-            must be a supported shape (``aiter_mla.ops.decode.SUPPORTED_SHAPES``).
+            must be a supported shape (``aiter_mla.ops.decode.is_supported_shape``: 1..128 heads at q length 1..16).
         sm_scale: the softmax scale applied to q.k of the real values. Required: DeepSeek-V3
             with yarn rope scaling uses ``mscale**2 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``,
             not ``1 / sqrt(576)``.
