@@ -44,7 +44,20 @@ ROW_BLOCK = 64
 def tile_rows(num_heads: int, max_seqlen_q: int) -> int:
     """Query rows one decode tile covers: the rows (heads x qlen) rounded up to whole 64-row
     blocks, so 64 (AITER's m16x4), 128 (m16x8), 192, ... up to MAX_ROWS. Shapes of fewer rows
-    than their tile run with padded rows ((16,1), (40,1), (100,1), ...)."""
+    than their tile run with padded rows ((16,1), (40,1), (100,1), ...).
+
+    Raises TypeError for a non-int (bools included), ValueError for a value < 1 and
+    NotImplementedError past MAX_HEADS / MAX_SEQLEN_Q (so :func:`num_clusters` refuses them too).
+    """
+    for name, value in (("num_heads", num_heads), ("max_seqlen_q", max_seqlen_q)):
+        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if num_heads > MAX_HEADS or max_seqlen_q > MAX_SEQLEN_Q:
+        raise NotImplementedError(
+            f"(num_heads, max_seqlen_q) = ({num_heads}, {max_seqlen_q}) is not supported: at most "
+            f"{MAX_HEADS} heads and q length {MAX_SEQLEN_Q}")
     rows = num_heads * max_seqlen_q
     return ROW_BLOCK * max(1, -(-rows // ROW_BLOCK))
 
@@ -115,7 +128,8 @@ def num_clusters(num_heads: int, max_seqlen_q: int, num_heads_k: int = 1, device
     Ours divides by ``ctas_per_work`` too: a 128-row work runs on two CTAs at once, so an H200
     holds 66 of them, not 132 (and 33 of a 256-row work's four) (with 132 lists, every batch below 132 was split and the reduce
     cost 24 us of 266 at fp8 (128,1) b64 ctx 8192; docs/perf/notes.md change 13). Raises
-    TypeError when an argument is not an int, ValueError for ``num_heads_k < 1`` or ``cu < 1``.
+    TypeError when an argument is not an int, ValueError for ``num_heads_k < 1`` or ``cu < 1``,
+    and :func:`tile_rows`' errors for an unsupported shape.
     """
     for name, value in (("num_heads", num_heads), ("max_seqlen_q", max_seqlen_q), ("num_heads_k", num_heads_k),
                         ("cu", 1 if cu is None else cu)):

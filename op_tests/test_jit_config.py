@@ -119,6 +119,26 @@ def test_check_params_errors_list_allowed_values():
         m.coerce_params({"mask": "sliding"})
 
 
+def test_exclude_matches_a_value_or_any_of_a_list():
+    """An ``exclude`` entry's value may be a list (any of them); the real config refuses the
+    warpgroup_works loop at every block_m above 64 (its works have <= 32 rows) before a build,
+    and a list holding a disallowed value, or an empty one, is a config error."""
+    m = load_config(paths.JIT_CONFIG_PATH).module("mla_decode")
+    base = dict(arch="sm_90a", page_size=64, block_n=64, mask="none", q_dtype="fp8", kv_dtype="fp8",
+                mainloop="warpgroup_works")
+    assert m.check_params({**base, "block_m": 64})["block_m"] == 64
+    for bm in (128, 192, 2048):
+        with pytest.raises(ParamError, match=f"mainloop='warpgroup_works', block_m={bm} is not supported"):
+            m.check_params({**base, "block_m": bm})
+    assert m.check_params({**base, "block_m": 2048, "mainloop": "tile_pairs"})["block_m"] == 2048
+    raw = real_raw()
+    dec = raw["modules"]["mla_decode"]
+    for bad, text in (([], "non-empty list"), ([64, 96], "96 is not allowed")):
+        dec["exclude"] = [{"when": {"block_m": bad}, "why": "x"}]
+        with pytest.raises(ConfigError, match=text):
+            validate(raw)
+
+
 def test_unknown_module_lists_modules():
     with pytest.raises(KeyError, match="convert_fp8"):
         load_config(paths.JIT_CONFIG_PATH).module("nope")

@@ -309,9 +309,22 @@ def test_variant_selection():
                        ((128, 1.5, 64), "max_seqlen_q"), (("128", 1, 64), "num_heads")]:
         with pytest.raises(TypeError, match=f"{name} must be an int"):
             dec.decode_variant(*args, FP8, FP8)
-    for heads, qlen in [(0, 1), (129, 1), (16, 17), (128, 0), (256, 8)]:
+    for heads, qlen in [(129, 1), (16, 17), (256, 8)]:
         with pytest.raises(NotImplementedError, match=r"is not supported; supported: num_heads in 1..128 and max_seqlen_q in 1..16"):
             dec.decode_variant(heads, qlen, 64, FP8, FP8)
+        with pytest.raises(NotImplementedError, match="at most 128 heads and q length 16"):
+            arch.num_clusters(heads, qlen, cu=132)   # sizing, scheduler and launch refuse it alike
+        assert not dec.is_supported_shape(heads, qlen)
+    for heads, qlen, name in [(0, 1, "num_heads"), (-3, 1, "num_heads"), (128, 0, "max_seqlen_q")]:
+        with pytest.raises(ValueError, match=f"{name} must be >= 1"):
+            dec.decode_variant(heads, qlen, 64, FP8, FP8)
+        with pytest.raises(ValueError, match=f"{name} must be >= 1"):
+            arch.num_clusters(heads, qlen, cu=132)
+    for bad in (True, 40.0, "40"):
+        with pytest.raises(TypeError, match="num_heads must be an int"):
+            dec.is_supported_shape(bad, 1)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        dec.mainloop_for("fp16", 64)
     with pytest.raises(NotImplementedError, match="dtype"):
         dec.decode_variant(128, 1, 64, FP8, torch.bfloat16)
     with pytest.raises(TypeError, match="q_dtype must be a torch.dtype .*'fp8' \\(str\\)"):

@@ -23,7 +23,8 @@ Schema (``schema_version`` 1; unknown keys are errors, so a typo never passes si
           "third_party": ["HipKittens"],                   # pins whose tree enters the key
           "experimental": false,                           # skipped by build-all unless enabled
           "exclude": [{"when": {"<p>": v, ...}, "why": "..."}]  # optional: combinations
-        }                                                  # that cannot build, refused early
+        }                                                  # that cannot build, refused early;
+                                                           # v: a value, or a list of any-of values
       }
     }
 
@@ -90,7 +91,7 @@ class ModuleConfig:
     experimental: bool
     raw: dict = field(repr=False, compare=False, default_factory=dict)
     #: (when, why) pairs: a variant matching every item of ``when`` cannot be built.
-    exclude: tuple[tuple[dict, str], ...] = ()
+    exclude: tuple[tuple[dict, str], ...] = ()   # (parameter -> matching values, why)
 
     def check_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """Return ``params`` sorted by name after checking every parameter is given, known
@@ -118,9 +119,9 @@ class ModuleConfig:
                     f"module {self.name!r}: parameter {p}={value!r}{hint} is not allowed; "
                     f"allowed: {_fmt_values(self.params[p])}"
                 )
-        for when, why in self.exclude:
-            if all(_is_allowed(params[p], (v,)) for p, v in when.items()):
-                combo = ", ".join(f"{p}={v!r}" for p, v in when.items())
+        for when, why in self.exclude:   # when: parameter -> the values it matches
+            if all(_is_allowed(params[p], vs) for p, vs in when.items()):
+                combo = ", ".join(f"{p}={params[p]!r}" for p in when)
                 raise ParamError(f"module {self.name!r}: the combination {combo} is not "
                                  f"supported: {why}")
         return {p: params[p] for p in sorted(params)}
@@ -359,9 +360,12 @@ def _validate_exclude(raw: Any, where: str, params: dict[str, tuple]) -> tuple:
         for p, v in when.items():
             if p not in params:
                 _fail(f"{iw}.when.{p}", f"unknown parameter (parameters: {', '.join(params)})")
-            if not _is_allowed(v, params[p]):
-                _fail(f"{iw}.when.{p}", f"{v!r} is not allowed (allowed: {_fmt_values(params[p])})")
+            if isinstance(v, list) and not v:
+                _fail(f"{iw}.when.{p}", "expected a value or a non-empty list of values, got []")
+            for one in (v if isinstance(v, list) else [v]):
+                if not _is_allowed(one, params[p]):
+                    _fail(f"{iw}.when.{p}", f"{one!r} is not allowed (allowed: {_fmt_values(params[p])})")
         if not isinstance(item["why"], str) or not item["why"]:
             _fail(f"{iw}.why", f"expected a non-empty string, got {item['why']!r}")
-        out.append((dict(when), item["why"]))
+        out.append(({p: tuple(v) if isinstance(v, list) else (v,) for p, v in when.items()}, item["why"]))
     return tuple(out)

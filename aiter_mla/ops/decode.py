@@ -73,7 +73,10 @@ AITER_SHAPES = {
 
 def is_supported_shape(num_heads: int, max_seqlen_q: int) -> bool:
     """Whether the decode kernels take ``num_heads`` q heads (per KV head) at q length
-    ``max_seqlen_q``: 1..arch.MAX_HEADS and 1..arch.MAX_SEQLEN_Q."""
+    ``max_seqlen_q``: 1..arch.MAX_HEADS and 1..arch.MAX_SEQLEN_Q. TypeError for a non-int
+    (bools and floats included), as :func:`decode_variant`."""
+    num_heads = _require_int("num_heads", num_heads)
+    max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
     return 1 <= num_heads <= arch.MAX_HEADS and 1 <= max_seqlen_q <= arch.MAX_SEQLEN_Q
 
 #: torch dtype -> template name. q and kv must be the same (fp8/fp8 or bf16/bf16).
@@ -93,7 +96,10 @@ MAINLOOPS = ("tile_pairs", "warpgroup_works", "key_halves")
 
 
 def mainloop_for(dtype: str, rows: int) -> str:
-    """The main loop that runs kv dtype ``dtype`` ("fp8" / "bf16") at ``rows`` = heads x qlen."""
+    """The main loop that runs kv dtype ``dtype`` ("fp8" / "bf16") at ``rows`` = heads x qlen;
+    ValueError for another dtype name."""
+    if dtype not in KERNEL_DTYPES.values():
+        raise ValueError(f"dtype must be one of {sorted(KERNEL_DTYPES.values())}, got {dtype!r}")
     if dtype == "bf16":
         return "key_halves"
     return "warpgroup_works" if rows <= FEW_ROWS else "tile_pairs"
@@ -155,13 +161,17 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
     ``none``, q_dtype / kv_dtype ("fp8" / "bf16") and mainloop (``mainloop_for``).
 
     Raises TypeError when num_heads / max_seqlen_q / page_size is not an int (bools and floats
-    included) or q_dtype / kv_dtype is not a torch.dtype, and NotImplementedError (listing what
-    is supported) for any other shape, dtype pair or page size.
+    included) or q_dtype / kv_dtype is not a torch.dtype, ValueError when num_heads or
+    max_seqlen_q is < 1, and NotImplementedError (listing what is supported) for any other
+    shape, dtype pair or page size.
     """
     num_heads = _require_int("num_heads", num_heads)
     max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
     page_size = _require_int("page_size", page_size)
     key = (num_heads, max_seqlen_q)
+    for name, value in (("num_heads", num_heads), ("max_seqlen_q", max_seqlen_q)):
+        if value < 1:
+            raise ValueError(f"mla decode: {name} must be >= 1, got {value}")
     if not is_supported_shape(num_heads, max_seqlen_q):
         raise NotImplementedError(
             f"mla decode: (num_heads, max_seqlen_q) = {key} is not supported; {_supported_text()}")

@@ -166,7 +166,7 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     Source: AITER ``aiter/ops/attention.py`` (fast mode); the bounds are proven in this module's
     docstring and tighter than AITER's only where AITER over-counts qo tiles.
     Raises NotImplementedError for ``is_sparse``, ``intra_batch_mode``, ``fast_mode=False`` or
-    more than 2048 rows per tile; ValueError for a negative batch size, one whose work indices
+    more than 128 heads or a q length over 16 (so more than 2048 rows a tile); ValueError for a negative batch size, one whose work indices
     would not fit int32, or non-positive lengths;
     RuntimeError when no GPU is visible and ``CU_NUM`` is unset.
     """
@@ -363,7 +363,7 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     Raises :class:`aiter_mla.ops.errors.DeviceIndexError` (a ValueError) for a bad index value
     an earlier decode kernel found on this device (before this call launches anything);
     NotImplementedError for ``topk >= 0``, ``intra_batch_mode``, ``fast_mode=False``,
-    ``num_heads_k != 1`` or ``num_heads_per_head_k * max_seqlen_qo > 2048``; ValueError /
+    ``num_heads_k != 1``, ``num_heads_per_head_k > 128`` or ``max_seqlen_qo > 16``; ValueError /
     TypeError for bad arguments (named, with expected and actual values) or buffers too small
     for this input; RuntimeError
     when the cluster count cannot be known (CPU tensors, no visible GPU and ``CU_NUM`` unset) or
@@ -454,6 +454,10 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
                          f"{kv_last_page_lens.numel()}")
 
     num_heads = num_heads_per_head_k * num_heads_k
+    # the shape first, by the arguments' names (the cluster count refuses the same shapes)
+    check_scalars(num_heads=num_heads_per_head_k, num_clusters=1, page_size=page_size,
+                  kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
+                  max_split_per_batch=max_split_per_batch, heads_name="num_heads_per_head_k")
     nc = num_clusters if num_clusters is not None else _arch.num_clusters(
         num_heads, max_seqlen_qo, num_heads_k, device=device if device.type == "cuda" else None)
     check_scalars(num_heads=num_heads_per_head_k, num_clusters=nc, page_size=page_size,
