@@ -1064,33 +1064,6 @@ def test_split_merge_in_the_decode_kernel(warm, heads, qlen, dtype, P, lens):
 
 @gpu
 @needs_gpu
-def test_capture_on_a_stream_used_eagerly(warm):
-    """An engine's warm-up on its capture stream (as vLLM's) leaves that stream a fused state;
-    the capture on it then chains the reduce (the entry point asks cudaStreamIsCapturing), and
-    the replay of a batch split over every work list is right."""
-    from aiter_mla.ops import errors
-
-    c = make_case(128, 1, 64, FP8, [9000], seed=91)
-    bufs = plan(c)
-    side = torch.cuda.Stream()
-    o = torch.full((c.q.shape[0], c.heads, DV), float("nan"), dtype=torch.bfloat16, device="cuda")
-    torch.cuda.synchronize()
-    errors.sink(torch.cuda.current_device()).split_heavy_tiles.value = 0   # fused, eagerly
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        decode_with(c, bufs, o)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        _, lse = decode_with(c, bufs, o)
-    o.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    check("capture on an eagerly used stream (128,1) fp8 b1 ctx9000", c, o, lse)
-
-
-@gpu
-@needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_split_merge_after_a_skipped_work(warm, dtype):
     """A work record pointing past kv_indices is skipped (its piece never arrives, so its tile

@@ -42,7 +42,6 @@ from __future__ import annotations
 import ctypes
 import math
 import operator
-import threading
 from typing import Optional
 
 import torch
@@ -139,7 +138,6 @@ _entry_points = launch.EntryPoints(SIGNATURE, _decode_module)
 _launched: set[tuple[str, int]] = set()      # (module key, device) launched at least once
 #: Checked launches (:class:`Prepared`) by what decides their checks (``_key``).
 _prepared = launch.IdentityCache()
-_select_lock = threading.Lock()   # Prepared.select's new per-stream args
 
 
 def _supported_text() -> str:
@@ -408,30 +406,24 @@ class Prepared:
     def select(self, stream: int) -> tuple:
         """The (stream, fused, args address) to launch with on ``stream`` now (kept as
         ``state``); makes the stream's zeroed counters on its first fused launch."""
-        fused = self.hint.value == 0 and not _capturing(self.device)   # no allocation in a capture
+        fused = self.hint.value == 0 and not _capturing(self.device)
         key = (stream, fused)
         addr = self._modes.get(key)
         if addr is None:
-            with _select_lock:   # two threads making a stream's args: each keeps its counters
-                addr = self._modes.get(key)
-                if addr is None:
-                    addr = self._modes[key] = self._make_args(fused)
+            if fused:
+                indptr, pmap, indptr_len, pmap_len, counters = self._merge_maps
+                arrivals = torch.zeros(1 + counters, dtype=torch.int32, device=self.device)
+                a = type(self.args).from_buffer_copy(self.args)
+                a.reduce_launch = a.reduce_args = None
+                a.arrivals, a.reduce_indptr, a.reduce_partial_map = arrivals.data_ptr(), indptr, pmap
+                a.reduce_indptr_len, a.partial_map_len = indptr_len, pmap_len
+                self._fused_args = getattr(self, "_fused_args", ()) + ((a, arrivals),)
+                addr = ctypes.addressof(a)
+            else:
+                addr = self.addr
+            self._modes[key] = addr
         self.state = (stream, fused, addr)
         return self.state
-
-    def _make_args(self, fused: bool) -> int:
-        """The address of the DecodeArgs for a new (stream, fused) state: the checked args
-        (chained), or a copy with the stream's new zeroed counters (kept alive here)."""
-        if not fused:
-            return self.addr
-        indptr, pmap, indptr_len, pmap_len, counters = self._merge_maps
-        arrivals = torch.zeros(1 + counters, dtype=torch.int32, device=self.device)
-        a = type(self.args).from_buffer_copy(self.args)   # keeps the chained reduce: the entry
-        # point runs it instead on a stream being captured (a state made before the capture)
-        a.arrivals, a.reduce_indptr, a.reduce_partial_map = arrivals.data_ptr(), indptr, pmap
-        a.reduce_indptr_len, a.partial_map_len = indptr_len, pmap_len
-        self._fused_args = getattr(self, "_fused_args", ()) + ((a, arrivals),)
-        return ctypes.addressof(a)
 
     def launch(self, q_ptr: int, out_ptr: int, final_lse_ptr, split_ptr: int, split_lse_ptr: int) -> None:
         """The decode launch (and the chained reduce's, or the fused merge) on the current
