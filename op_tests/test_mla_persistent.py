@@ -993,7 +993,7 @@ def test_any_shape(warm, heads, qlen, dtype, P):
 # the split merge inside the decode kernel (mla_decode_fwd's one-launch path, decode.Prepared)
 
 
-def decode_merged(c: Case, bufs, fused: bool, q=None):
+def decode_merged(c: Case, bufs, fused: bool):
     """decode_with on a caller-made plan with the merge forced where ``fused`` says, through the
     device's hint (the metadata kernel's count of heavy tiles, read by the op without a sync:
     set here after a sync so that no metadata kernel rewrites it first). Returns (o, lse)."""
@@ -1002,8 +1002,6 @@ def decode_merged(c: Case, bufs, fused: bool, q=None):
     torch.cuda.synchronize()
     errors.sink(torch.cuda.current_device()).split_heavy_tiles.value = 0 if fused else 1
     o = torch.full((c.q.shape[0], c.heads, DV), float("nan"), dtype=torch.bfloat16, device="cuda")
-    if q is not None:
-        c = Case(**{**c.__dict__, "q": q})
     _, lse = decode_with(c, bufs, o)
     used = [p.state[1] for p in dec._prepared.entries.values() if getattr(p, "hint", None) is not None
             and p.state[0] is not None]

@@ -381,8 +381,9 @@ class Prepared:
     sync: the metadata kernel's count of heavier tiles in the last schedule it made on this
     device (``errors.Sink.split_heavy_tiles``, possibly a schedule behind). Fused needs zeroed
     counters per stream (the kernel's last CTA zeroes them again), so ``state`` = (stream,
-    fused, DecodeArgs address) names the launch for the current stream; a stream being
-    captured into a CUDA graph always gets chained (a graph is replayed on other data)."""
+    fused, DecodeArgs address) names the launch for the current stream; a stream whose state is
+    made inside a CUDA-graph capture gets chained (a graph is replayed on other data; a stream
+    used eagerly before its capture keeps its state: docs/DESIGN.md §5.10)."""
 
     __slots__ = ("module", "fn", "args", "addr", "index", "sink", "split_shape", "lse_shape",
                  "reduce", "plan_key", "plan", "device", "hint", "state", "_fused_args",
@@ -401,6 +402,7 @@ class Prepared:
         self._merge_maps = (reduce_indptr.data_ptr(), reduce_partial_map.data_ptr(),
                             reduce_indptr.numel(), reduce_partial_map.numel(), counters)
         self._modes = {}
+        self._fused_args = ()   # (DecodeArgs, counters) of each fused state, kept alive
         self.state = (None, None, self.addr)
 
     def select(self, stream: int) -> tuple:
@@ -417,7 +419,7 @@ class Prepared:
                 a.reduce_launch = a.reduce_args = None
                 a.arrivals, a.reduce_indptr, a.reduce_partial_map = arrivals.data_ptr(), indptr, pmap
                 a.reduce_indptr_len, a.partial_map_len = indptr_len, pmap_len
-                self._fused_args = getattr(self, "_fused_args", ()) + ((a, arrivals),)
+                self._fused_args += ((a, arrivals),)
                 addr = ctypes.addressof(a)
             else:
                 addr = self.addr
@@ -650,9 +652,9 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     ``kv_granularity = default_kv_granularity(page_size)``); otherwise the given schedule
     (``work_indptr``, ``work_info_set``, ``reduce_*``) is used. Then the decode kernel runs and
     the split rows are merged (docs/DESIGN.md §5.10): with a caller-made plan whose tiles have at
-    most ``work_info.FUSED_MERGE_MAX_PIECES`` pieces, by the decode kernel itself (one launch); otherwise,
-    and always inside a CUDA-graph capture, by the reduce kernel of ``mla_reduce_v1``, launched
-    right after it. The choice follows the metadata kernel's count on the device
+    most ``work_info.FUSED_MERGE_MAX_PIECES`` pieces, by the decode kernel itself (one launch);
+    otherwise, and in a CUDA-graph capture on a stream not used eagerly before, by the reduce
+    kernel of ``mla_reduce_v1``, launched right after it. The choice follows the metadata kernel's count on the device
     (:class:`Prepared`); either way gives the same result.
 
     Args:

@@ -454,15 +454,12 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
                          f"{kv_last_page_lens.numel()}")
 
     num_heads = num_heads_per_head_k * num_heads_k
-    # the shape first, by the arguments' names (the cluster count refuses the same shapes)
-    check_scalars(num_heads=num_heads_per_head_k, num_clusters=1, page_size=page_size,
-                  kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
+    # checked by the arguments' names before the cluster count is asked (it refuses the same shapes)
+    check_scalars(num_heads=num_heads_per_head_k, num_clusters=1 if num_clusters is None else num_clusters,
+                  page_size=page_size, kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
                   max_split_per_batch=max_split_per_batch, heads_name="num_heads_per_head_k")
     nc = num_clusters if num_clusters is not None else _arch.num_clusters(
         num_heads, max_seqlen_qo, num_heads_k, device=device if device.type == "cuda" else None)
-    check_scalars(num_heads=num_heads_per_head_k, num_clusters=nc, page_size=page_size,
-                  kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
-                  max_split_per_batch=max_split_per_batch, heads_name="num_heads_per_head_k")
     nsplit = num_splits_for(nc, max_split_per_batch, nb)
 
     def sizing() -> str:

@@ -55,17 +55,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import arch as _arch
 from ..work_info import WHOLE_BATCH_SLACK, WI, WORK_INFO_INTS
 
 INT32_MAX = 2**31 - 1
-#: Query rows one qo tile (one batch's q rows) may hold: arch.MAX_ROWS (128 heads x 16 q
-#: tokens). AITER's tile holds 128 (``kPackedQoLenPerWg``) and splits larger shapes into qo
-#: tiles; the decode kernel here runs a tile's 64-row blocks as CTAs side by side instead, so
-#: the schedule never depends on the row count.
-MAX_TILE_ROWS = 2048
-#: ... as at most 128 q heads (per KV head) and q length 16, the decode kernels' limits.
-MAX_HEADS = 128
-MAX_SEQLEN_QO = 16
+#: Query rows one qo tile (one batch's q rows) may hold, as heads (per KV head) and q length:
+#: the decode kernels' limits. AITER's tile holds 128 rows (``kPackedQoLenPerWg``) and splits
+#: larger shapes into qo tiles; the decode kernel here runs a tile's 64-row blocks as CTAs side
+#: by side instead, so the schedule never depends on the row count.
+MAX_HEADS, MAX_SEQLEN_QO, MAX_TILE_ROWS = _arch.MAX_HEADS, _arch.MAX_SEQLEN_Q, _arch.MAX_ROWS
 
 
 def overhead_blocks(page_size: int) -> int:
