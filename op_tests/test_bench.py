@@ -7,18 +7,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 
 import pytest
 import torch
 
-from aiter_mla.bench import commands, formulas, inputs, peers, reference_numbers, report, sweep
+from aiter_mla.bench import commands, formulas, inputs, peers, power, reference_numbers, report, sweep
 from aiter_mla.bench.timing import Timing, calls_per_graph, median
 from aiter_mla.bench.variants import BuildResult, Variant, sweep_variants
 from aiter_mla.cli import main
 
-CEIL = {"copy_TBps": 4.0, "bf16_TFLOPS": 800.0, "fp8_TFLOPS": 1600.0}
+CEIL = {"copy_TBps": 4.0, "bf16_TFLOPS": 800.0, "fp8_TFLOPS": 1600.0}   # as older results: no read
+CEIL_READ = {**CEIL, "read_TBps": 5.0}
 
 
 # ------------------------------------------------------------------------------------------
@@ -39,6 +41,79 @@ def test_flops_bytes_floor_hand_computed():
     assert formulas.floor_us(1.6e9, 1.0, CEIL, "fp8", "fp8") == pytest.approx(1.0)
     assert formulas.floor_us(1.6e9, 1.0, CEIL, "bf16", "fp8") == pytest.approx(2.0)
     assert formulas.floor_us(1.6e9, 1.0, CEIL, "bf16", "bf16") == pytest.approx(2.0)
+
+
+def test_floor_uses_read_rate_when_present_else_copy():
+    """Memory term = bytes / read_TBps; results without read_TBps (docs/perf up to issue 24)
+    keep bytes / copy_TBps. Compute-bound rows are unchanged."""
+    n_flops, n_bytes = 10_444_800, 188_800
+    # 188,800 B / 5e12 B/s = 0.03776 us (read) against 188,800 / 4e12 = 0.0472 us (copy)
+    assert formulas.floor_us(n_flops, n_bytes, CEIL_READ, "fp8", "fp8") == pytest.approx(0.03776)
+    assert formulas.floor_us(n_flops, n_bytes, CEIL, "fp8", "fp8") == pytest.approx(0.0472)
+    assert formulas.floor_us(n_flops, n_bytes, {**CEIL, "read_TBps": None}, "fp8", "fp8") == pytest.approx(0.0472)
+    assert formulas.memory_rate_tbps(CEIL_READ) == ("read_TBps", 5.0)
+    assert formulas.memory_rate_tbps(CEIL) == ("copy_TBps", 4.0)
+    assert formulas.floor_us(1.6e9, 1.0, CEIL_READ, "fp8", "fp8") == pytest.approx(1.0)
+    m = formulas.row_metrics(0.1, n_flops, n_bytes, CEIL_READ, "fp8", "fp8")
+    assert m["floor_us"] == pytest.approx(0.03776) and m["frac_floor"] == pytest.approx(0.3776)
+    with pytest.raises(ValueError, match="read_TBps=0.0"):
+        formulas.floor_us(1, 1, {**CEIL, "read_TBps": 0.0}, "fp8", "fp8")
+
+
+def test_committed_results_without_read_rate_still_load_and_render():
+    """An older committed results file (no read_TBps): it validates, renders with the copy
+    floor named, and its stored floors are bytes / copy_TBps or FLOPs / GEMM rate, recomputed
+    here by hand."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "perf" / "results_n16_q1.json"
+    doc = json.loads(path.read_text())
+    assert "read_TBps" not in doc["ceilings"]
+    report.validate_results(doc)
+    c = doc["ceilings"]
+    checked = 0
+    for r in doc["rows"]:
+        if r.get("error") or r.get("floor_us") is None:
+            continue
+        rate = c["fp8_TFLOPS"] if r["q_dtype"] == r["kv_dtype"] == "fp8" else c["bf16_TFLOPS"]
+        by_hand = max(r["bytes"] / (c["copy_TBps"] * 1e12), r["flops"] / (rate * 1e12)) * 1e6
+        assert r["floor_us"] == pytest.approx(by_hand, rel=1e-9)
+        assert formulas.floor_us(r["flops"], r["bytes"], c, r["q_dtype"], r["kv_dtype"]) == pytest.approx(by_hand)
+        checked += 1
+    assert checked > 10
+    md = report.render_markdown(doc)
+    assert "| not measured | " in md and "Floor = max(bytes / copy bandwidth" in md
+    assert "| SM MHz |" not in md   # no clock / power columns for rows that never had them
+    assert report.render_stdout(doc).splitlines()[1] == (
+        f"ceilings: copy {c['copy_TBps']:.2f} TB/s (r+w), bf16 {c['bf16_TFLOPS']:.0f} TFLOPS, "
+        f"fp8 {c['fp8_TFLOPS']:.0f} TFLOPS")
+
+
+def test_report_with_read_rate_clock_and_power(tmp_path):
+    rows = synthetic_rows()
+    rows[0].update(clock_mhz={"min": 1700.0, "median": 1755.0}, power_w={"median": 612.4, "max": 655.2},
+                   gpu_samples=4)
+    rows[1].update(clock_mhz=None, power_w=None, gpu_samples=0)
+    doc = report.build_results("c", "m", {}, {**CEIL_READ, "read_error": "x"}, rows)
+    assert doc["ceilings"] == {"read_TBps": 5.0, "copy_TBps": 4.0, "bf16_TFLOPS": 800.0, "fp8_TFLOPS": 1600.0}
+    paths = report.write_outputs(doc, tmp_path)
+    assert json.loads(paths["json"].read_text())["rows"][0]["power_w"] == {"median": 612.4, "max": 655.2}
+    md = paths["md"].read_text()
+    assert "| 5.00 TB/s | 4.00 TB/s | 800 TFLOPS | 1600 TFLOPS |" in md
+    assert "Floor = max(bytes / read bandwidth, FLOPs / GEMM rate)" in md
+    assert "| SM MHz | board W (med/max) |" in md
+    assert md.count("| 1755 | 612/655 |") == 1 and "| – | – |" in md
+    out = report.render_stdout(doc)
+    assert "ceilings: read 5.00 TB/s, copy 4.00 TB/s (r+w), bf16 800 TFLOPS, fp8 1600 TFLOPS" in out
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("batch"))
+    assert re.search(r"ref err\s+MHz\s+W\s", header), header
+    assert any(re.search(r"\s1755\s+612/655\s", line) for line in out.splitlines())
+    # a read rate that is there must be a number; a missing one is accepted
+    bad = report.build_results("c", "m", {}, CEIL_READ, synthetic_rows())
+    bad["ceilings"]["read_TBps"] = "fast"
+    with pytest.raises(ValueError, match="read_TBps"):
+        report.validate_results(bad)
+    report.validate_results(report.build_results("c", "m", {}, CEIL, synthetic_rows()))
 
 
 def test_row_metrics_and_seed_shape():
@@ -443,7 +518,11 @@ def test_small_sweep_on_gpu(tmp_path):
     doc = json.loads((tmp_path / "results_t.json").read_text())
     assert rc == 0, [r.get("error") or r.get("ref_rel_err") for r in doc["rows"]]
     assert len(doc["rows"]) == 4
+    assert doc["ceilings"]["read_TBps"] > 1.0   # the floor's memory term (H200: ~4.3-4.8)
+    sampled = doc["config"]["gpu_sampling"]["source"] is not None
     for row in doc["rows"]:
+        if sampled:
+            assert 500 < row["clock_mhz"]["median"] < 3000 and row["power_w"]["max"] > 0
         assert row["us"] > 0 and 0 < row["frac_floor"] <= 1.0
         assert row["ref_ok"] and row["ref_rel_err"] < sweep.CHECK_TOL["fp8"]
         assert row["metadata_us"] > 0 and row["per_layer_us"] < row["total_us"]
@@ -532,13 +611,30 @@ def test_sweep_orchestration_on_cpu_with_a_stand_in_op(monkeypatch, tmp_path):
             out = torch.zeros(row.total_q, row.heads, 512)
             return peers.PeerRun(lambda s: None, lambda: out)
 
+    class CannedSampler:   # what power.Sampler.stop() would summarise, around the decode timing only
+        source = "canned"
+
+        def __init__(self):
+            self.windows, self.open = [], False
+
+        def start(self):
+            assert not self.open
+            self.open = True
+
+        def stop(self):
+            self.open = False
+            self.windows.append(len(self.windows))
+            return power.summarize([(1980.0, 400.0), (1755.0, 610.0), (1830.0, 500.0)])
+
     specs = sweep.plan_rows([(16, 1)], [1, 3, 4], [40, 100], [16], "bf16", "bf16", False)
     l2 = 1 << 20
     pool = sweep.KVPool(inputs.pool_tokens_for(sweep.max_needed_tokens(specs), l2, 2), "bf16",
                         "cpu", seed=1)
-    ctx = sweep.SweepContext("cpu", pool, CEIL, l2, 132, [ZeroPeer()])
+    sampler = CannedSampler()
+    ctx = sweep.SweepContext("cpu", pool, CEIL_READ, l2, 132, [ZeroPeer()], sampler=sampler)
     rows = sweep.run_sweep(specs, ctx, progress=False)
     assert len(rows) == 6
+    assert len(sampler.windows) == 4 and not sampler.open   # one window per row that was timed
     for row in rows:
         if row["batch"] == 3:
             assert row["error"] == "RuntimeError: launch failed: stand-in error" and row["us"] is None
@@ -553,11 +649,17 @@ def test_sweep_orchestration_on_cpu_with_a_stand_in_op(monkeypatch, tmp_path):
         assert row["peer_ref_rel_err"]["zero_bf16"] == pytest.approx(1.0)
         assert row["frac_floor"] == pytest.approx(row["floor_us"] / 20.0)
         assert row["max_split_per_batch"] == 32
-    doc = report.build_results("c", "cpu stand-in", {}, CEIL, rows)
+        assert row["clock_mhz"] == {"min": 1755.0, "median": 1830.0}
+        assert row["power_w"] == {"median": 500.0, "max": 610.0} and row["gpu_samples"] == 3
+        # floor from the read rate, 5 TB/s, and the bf16 GEMM rate, computed by hand
+        by_hand = max(row["bytes"] / 5e12, row["flops"] / 800e12) * 1e6
+        assert row["floor_us"] == pytest.approx(by_hand)
+    doc = report.build_results("c", "cpu stand-in", {}, CEIL_READ, rows)
     paths = report.write_outputs(doc, tmp_path)
     assert json.loads(paths["json"].read_text())["rows"][2]["error"].startswith("RuntimeError")
     md_text = paths["md"].read_text()
     assert "| step µs |" in md_text and "| 15.0 |" in md_text
+    assert "| 1830 | 500/610 |" in md_text
 
 
 def test_bad_arguments_exit_2_before_building(monkeypatch, capsys):

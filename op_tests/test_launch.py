@@ -13,6 +13,7 @@ import pytest
 from aiter_mla.jit import core
 from aiter_mla.jit.config import load_config, templates_dir
 from aiter_mla.jit.render import render
+from aiter_mla.bench import read_bandwidth
 from aiter_mla.ops import convert, decode, launch, metadata, reduce
 
 _AS_CTYPES = {"const void*": ctypes.c_void_p, "void*": ctypes.c_void_p, "long long": ctypes.c_longlong,
@@ -53,7 +54,8 @@ def _c_signature(module: str, symbol: str) -> tuple[list, list | None]:
 
 
 @pytest.mark.parametrize("module,op", [("mla_decode", decode), ("mla_metadata", metadata),
-                                       ("mla_reduce", reduce), ("convert_fp8", convert)])
+                                       ("mla_reduce", reduce), ("convert_fp8", convert),
+                                       ("read_bandwidth", read_bandwidth)])
 def test_signature_matches_the_template(module, op):
     """The per-call parameters and (for a ``fixed`` signature) the argument struct, field by
     field: count, C type and name."""

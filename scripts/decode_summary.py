@@ -43,10 +43,12 @@ def main(folder: str = "docs/perf") -> None:
              "`aiter-mla bench` (full tables: `results_*.md`), digested by "
              "`scripts/decode_summary.py`. `us` = decode + reduce with a pre-made plan "
              "(CUDA-graph replay median); frac = roofline floor / measured, the floor from the "
-             "copy bandwidth and GEMM rate measured in the same run:", ""]
+             "read bandwidth (the copy bandwidth in results without a read figure) and the GEMM "
+             "rate measured in the same run:", ""]
     for p, d in zip(paths, docs):
         c = d["ceilings"]
-        lines.append(f"- `{p.name}` (commit {d['commit']}): copy {c['copy_TBps']:.2f} TB/s, bf16 "
+        read = f"read {c['read_TBps']:.2f} TB/s, " if "read_TBps" in c else ""
+        lines.append(f"- `{p.name}` (commit {d['commit']}): {read}copy {c['copy_TBps']:.2f} TB/s, bf16 "
                      f"{c['bf16_TFLOPS']:.0f} TFLOPS, fp8 {c['fp8_TFLOPS']:.0f} TFLOPS")
     lines += ["", "| dtype | heads,qlen | batch | ctx | µs | floor µs | frac floor | TFLOPS | TB/s |",
               "|---|---|---|---|---|---|---|---|---|"]

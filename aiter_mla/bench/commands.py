@@ -267,7 +267,7 @@ def bench(args: argparse.Namespace) -> int:
 
     from .. import arch
     from . import ceilings as ceil_mod
-    from . import environment, host_time, inputs, jit_figures, peers as peers_mod, report, sweep
+    from . import environment, host_time, inputs, jit_figures, peers as peers_mod, power, report, sweep
     from .formulas import ELEM_BYTES
     from .variants import build_variants
 
@@ -301,14 +301,17 @@ def bench(args: argparse.Namespace) -> int:
         return 1
 
     ceilings = ceil_mod.measure()
-    print(f"ceilings (this run): copy {ceilings['copy_TBps']:.2f} TB/s, bf16 GEMM "
-          f"{ceilings['bf16_TFLOPS']:.0f} TFLOPS, fp8 GEMM {ceilings['fp8_TFLOPS']:.0f} TFLOPS",
-          flush=True)
+    print(f"ceilings (this run): {report.ceilings_text(ceilings)}", flush=True)
+    if "read_error" in ceilings:
+        notes.append(f"read_TBps not measured ({ceilings['read_error']}): the floor uses copy_TBps")
+    sampler = power.Sampler(power.nvml_id(device.index))
+    if sampler.source is None:
+        notes.append(power.NO_SOURCE_NOTE)
     l2 = sweep.l2_bytes(device)
     pool_tokens = inputs.pool_tokens_for(sweep.max_needed_tokens(specs), l2, ELEM_BYTES[args.kv_dtype])
     pool = sweep.KVPool(pool_tokens, args.kv_dtype, device, args.seed)
     ctx = sweep.SweepContext(device, pool, ceilings, l2, arch.num_cu(device), peers,
-                             check=not args.no_check)
+                             check=not args.no_check, sampler=sampler)
     rows = sweep.run_sweep(specs, ctx, progress=progress)
 
     jit = {}
@@ -337,6 +340,7 @@ def bench(args: argparse.Namespace) -> int:
                 "check_requests": sweep.CHECK_REQUESTS, "check_tol": sweep.CHECK_TOL,
                 "max_split_per_batch": "AITER test_mla_persistent.py: 32; heads >= 128: "
                                        "min(ceil(num_CU / batch), 32)",
+                "gpu_sampling": {"source": sampler.source, "gpu": sampler.gpu},
                 "seed": args.seed, "wall_s": time.perf_counter() - t_start})
     print(report.render_stdout(doc))
     paths = report.write_outputs(doc, args.output, args.tag)

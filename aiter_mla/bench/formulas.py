@@ -67,19 +67,30 @@ def gemm_rate_tflops(ceilings: dict, q_dtype: str, kv_dtype: str) -> float:
     return float(ceilings[key])
 
 
+def memory_rate_tbps(ceilings: dict) -> tuple[str, float]:
+    """The bandwidth ceiling that bounds a row's bytes: ``("read_TBps", rate)`` when the
+    ceilings hold the read-only rate, else ``("copy_TBps", rate)``. Results written before the
+    read ceiling existed (docs/perf/results_*.json up to issue 24) have only ``copy_TBps``;
+    their floors were, and when recomputed still are, bytes / copy rate. KeyError if neither
+    is there."""
+    key = "read_TBps" if ceilings.get("read_TBps") is not None else "copy_TBps"
+    return key, float(ceilings[key])
+
+
 def floor_us(
     n_flops: float, n_bytes: float, ceilings: dict, q_dtype: str, kv_dtype: str
 ) -> float:
-    """Roofline floor in µs: ``max(bytes / copy bandwidth, FLOPs / GEMM rate)``.
+    """Roofline floor in µs: ``max(bytes / read bandwidth, FLOPs / GEMM rate)``.
 
-    ``ceilings`` holds ``copy_TBps`` (bytes read + written per second, 1e12) and ``bf16_TFLOPS`` /
-    ``fp8_TFLOPS`` (1e12 FLOP/s), all measured in the same run. Raises ValueError on a
-    non-positive ceiling.
+    ``ceilings`` holds ``read_TBps`` (bytes read per second by a read-only kernel, 1e12; when
+    missing, as in older results, ``copy_TBps``, bytes read + written per second, takes its
+    place: :func:`memory_rate_tbps`) and ``bf16_TFLOPS`` / ``fp8_TFLOPS`` (1e12 FLOP/s), all
+    measured in the same run. Raises ValueError on a non-positive ceiling.
     """
-    bw = float(ceilings["copy_TBps"])
+    key, bw = memory_rate_tbps(ceilings)
     rate = gemm_rate_tflops(ceilings, q_dtype, kv_dtype)
     if bw <= 0 or rate <= 0:
-        raise ValueError(f"ceilings must be positive, got copy_TBps={bw}, GEMM rate={rate}")
+        raise ValueError(f"ceilings must be positive, got {key}={bw}, GEMM rate={rate}")
     # 1 TB/s = 1e6 bytes/µs; 1 TFLOPS = 1e6 FLOP/µs
     return max(n_bytes / (bw * 1e6), n_flops / (rate * 1e6))
 
@@ -87,7 +98,8 @@ def floor_us(
 def row_metrics(
     us: float, n_flops: float, n_bytes: float, ceilings: dict, q_dtype: str, kv_dtype: str
 ) -> dict:
-    """Per-row figures for a measured time ``us`` (µs): TFLOPS, TB/s, floor µs, fraction of floor.
+    """Per-row figures for a measured time ``us`` (µs): TFLOPS, TB/s, floor µs (:func:`floor_us`,
+    from ``read_TBps``, else ``copy_TBps``), fraction of floor.
 
     fraction of floor = floor / measured (1.0 is the limit). Raises ValueError for ``us <= 0``.
     """

@@ -10,11 +10,14 @@ import math
 from collections import Counter
 from pathlib import Path
 
-from . import reference_numbers
+from . import formulas, reference_numbers
 
 #: Keys docs/DESIGN.md §6.3 fixes; extra keys are allowed beside them.
 TOP_KEYS = ("commit", "machine", "versions", "ceilings", "rows")
-CEILING_KEYS = ("copy_TBps", "bf16_TFLOPS", "fp8_TFLOPS")
+CEILING_KEYS = ("read_TBps", "copy_TBps", "bf16_TFLOPS", "fp8_TFLOPS")
+#: Ceilings that older results lack (``read_TBps``: before issue 25, their floor is from
+#: ``copy_TBps``, see :func:`aiter_mla.bench.formulas.memory_rate_tbps`); still numbers if there.
+OPTIONAL_CEILING_KEYS = ("read_TBps",)
 ROW_KEYS = ("heads", "qlen", "batch", "ctx", "page_size", "dtype", "varlen", "us", "tflops",
             "tbps", "frac_floor", "peers")
 
@@ -22,9 +25,11 @@ ROW_KEYS = ("heads", "qlen", "batch", "ctx", "page_size", "dtype", "varlen", "us
 def build_results(commit: str, machine: str, versions: dict, ceilings: dict, rows: list[dict],
                   **extra) -> dict:
     """The results document: the keys of docs/DESIGN.md §6.3 first, then ``extra`` (config,
-    notes, jit, ...)."""
-    doc = {"commit": commit, "machine": machine, "versions": versions,
-           "ceilings": {k: ceilings[k] for k in CEILING_KEYS}, "rows": rows}
+    notes, jit, ...). ``ceilings`` keeps :data:`CEILING_KEYS` only; KeyError if one that is
+    not optional is missing."""
+    kept = {k: ceilings[k] for k in CEILING_KEYS
+            if k not in OPTIONAL_CEILING_KEYS or ceilings.get(k) is not None}
+    doc = {"commit": commit, "machine": machine, "versions": versions, "ceilings": kept, "rows": rows}
     doc.update(extra)
     return doc
 
@@ -33,12 +38,14 @@ def validate_results(doc: dict) -> None:
     """Raise ValueError naming the first missing or mistyped docs/DESIGN.md §6.3 field.
 
     A row that failed (``"error"`` set) may have ``us`` etc. as None; every other row needs
-    numbers.
+    numbers. Ceilings of :data:`OPTIONAL_CEILING_KEYS` may be missing (older results).
     """
     for k in TOP_KEYS:
         if k not in doc:
             raise ValueError(f"results is missing top-level key {k!r}")
     for k in CEILING_KEYS:
+        if k in OPTIONAL_CEILING_KEYS and k not in doc["ceilings"]:
+            continue
         if not isinstance(doc["ceilings"].get(k), (int, float)):
             raise ValueError(f"ceilings[{k!r}] must be a number, got {doc['ceilings'].get(k)!r}")
     if not isinstance(doc["rows"], list):
@@ -104,6 +111,7 @@ def _table(rows: list[dict], short: bool = False) -> tuple[list[str], list[list[
     has_seed = any("seed_mi355_us" in r for r in rows)
     varlen = any(r["varlen"] for r in rows)
     has_step = any("step_us" in r for r in rows)
+    has_gpu = any("clock_mhz" in r or "power_w" in r for r in rows)
     if short:
         names = ["meta µs", "dec+red µs", "layer µs", "total µs", "TFLOPS", "TB/s", "floor µs",
                  "frac", "ref err"]
@@ -112,6 +120,8 @@ def _table(rows: list[dict], short: bool = False) -> tuple[list[str], list[list[
                  "floor µs", "frac floor", "ref rel-L2"]
     if has_step:   # after "total": the same step chained in one graph
         names.insert(names.index("total µs") + 1, "step µs")
+    if has_gpu:    # while the decode was timed: median SM clock, median/max board power
+        names += ["MHz", "W"] if short else ["SM MHz", "board W (med/max)"]
     headers = ["batch", "ctx"] + (["Σkv", "max kv"] if varlen else []) + names
     for c in peer_cols:
         headers += [f"{c} µs", f"ours/{c}"]
@@ -134,6 +144,10 @@ def _table(rows: list[dict], short: bool = False) -> tuple[list[str], list[list[
         if has_step:
             line.append(_f(r.get("step_us")))
         line += [_f(r["tflops"], 0), _f(r["tbps"], 2), _f(r.get("floor_us")), _f(r["frac_floor"], 2), ref]
+        if has_gpu:
+            clock, watts = r.get("clock_mhz"), r.get("power_w")
+            line += [_f(clock["median"], 0) if clock else "–",
+                     f"{watts['median']:.0f}/{watts['max']:.0f}" if watts else "–"]
         for c in peer_cols:
             line += [_f(r["peers"].get(c)), _f(r.get("peer_ratio", {}).get(c), 2)]
         if has_seed:
@@ -169,9 +183,24 @@ def collect_notes(doc: dict) -> list[str]:
 
 
 def _ceilings_lines(c: dict) -> list[str]:
-    return ["| device copy (read + write) | bf16 GEMM 8192³ | fp8 GEMM 8192³ (`torch._scaled_mm`) |",
-            "|---|---|---|",
-            f"| {c['copy_TBps']:.2f} TB/s | {c['bf16_TFLOPS']:.0f} TFLOPS | {c['fp8_TFLOPS']:.0f} TFLOPS |"]
+    read = f"{c['read_TBps']:.2f} TB/s" if c.get("read_TBps") is not None else "not measured"
+    return ["| read only (`read_bandwidth` kernel) | device copy (read + write) | bf16 GEMM 8192³ "
+            "| fp8 GEMM 8192³ (`torch._scaled_mm`) |",
+            "|---|---|---|---|",
+            f"| {read} | {c['copy_TBps']:.2f} TB/s | {c['bf16_TFLOPS']:.0f} TFLOPS "
+            f"| {c['fp8_TFLOPS']:.0f} TFLOPS |"]
+
+
+def _floor_text(c: dict) -> str:
+    """How the floor's memory term was formed: the read rate, or the copy rate for results
+    without one (:func:`aiter_mla.bench.formulas.memory_rate_tbps`)."""
+    if formulas.memory_rate_tbps(c)[0] == "read_TBps":
+        return ("Floor = max(bytes / read bandwidth, FLOPs / GEMM rate), the read bandwidth from a "
+                "kernel that only reads, as decode reads its KV (16-byte non-caching loads, 8 in "
+                "flight per thread, over 2 GiB; the copy figure counts its writes too, and a "
+                "decode kernel outran it and `torch.sum`)")
+    return ("Floor = max(bytes / copy bandwidth, FLOPs / GEMM rate) (no read-only figure in "
+            "these results)")
 
 
 def _jit_lines(jit: dict) -> list[str]:
@@ -235,7 +264,7 @@ def render_markdown(doc: dict, tag: str = "") -> str:
     if cfg.get("command"):
         out.append(f"- command: `{cfg['command']}`")
     out += ["", "## Ceilings (measured in this run)", "", *_ceilings_lines(doc["ceilings"]), "",
-            "Floor = max(bytes / copy bandwidth, FLOPs / GEMM rate), with the fp8 rate when Q and "
+            _floor_text(doc["ceilings"]) + ", with the fp8 rate when Q and "
             "KV are both fp8, else bf16's. FLOPs = 2·Σ(qlen·kv_len)·heads·(576+512); bytes = KV "
             "read once + Q + O (bf16). frac floor = floor / measured (1.0 is the limit). "
             "decode+reduce is `mla_decode_fwd` with a plan (what `us`, TFLOPS, TB/s and frac floor "
@@ -243,7 +272,9 @@ def render_markdown(doc: dict, tag: str = "") -> str:
             "every layer of a decode step); total = metadata + decode+reduce, timed apart; step = "
             "the same three kernels chained in one CUDA graph (rows with a floor under "
             f"{cfg.get('step_max_floor_us', 20):g} µs), where each may start while the one before it "
-            "finishes.",
+            "finishes." + (" SM MHz (median) and board W (median/max) were sampled while the row's "
+                          "decode was timed (`aiter_mla.bench.power`)."
+                          if any("clock_mhz" in r for r in doc["rows"]) else ""),
             "", "Timing: " + cfg.get("timing", ""), ""]
     notes = collect_notes(doc)
     out += ["## Peers and notes", ""]
@@ -261,12 +292,17 @@ def render_markdown(doc: dict, tag: str = "") -> str:
     return "\n".join(out)
 
 
+def ceilings_text(c: dict) -> str:
+    """One line: ``read 4.40 TB/s, copy 4.10 TB/s (r+w), bf16 800 TFLOPS, fp8 1600 TFLOPS``
+    (no read figure for results without one)."""
+    read = f"read {c['read_TBps']:.2f} TB/s, " if c.get("read_TBps") is not None else ""
+    return (f"{read}copy {c['copy_TBps']:.2f} TB/s (r+w), bf16 {c['bf16_TFLOPS']:.0f} TFLOPS, "
+            f"fp8 {c['fp8_TFLOPS']:.0f} TFLOPS")
+
+
 def render_stdout(doc: dict) -> str:
     """Ceilings line, notes and a plain-text table per group."""
-    c = doc["ceilings"]
-    out = [f"commit {doc['commit']} | {doc['machine']}",
-           f"ceilings: copy {c['copy_TBps']:.2f} TB/s, bf16 {c['bf16_TFLOPS']:.0f} TFLOPS, "
-           f"fp8 {c['fp8_TFLOPS']:.0f} TFLOPS"]
+    out = [f"commit {doc['commit']} | {doc['machine']}", "ceilings: " + ceilings_text(doc["ceilings"])]
     out += [f"note: {n}" for n in collect_notes(doc)]
     for key, rows in groups(doc["rows"]).items():
         out += ["", group_title(key), text_table(rows)]

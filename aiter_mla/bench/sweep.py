@@ -2,8 +2,9 @@
 
 Per row: build the inputs (:mod:`.inputs`), plan once (``get_mla_metadata_v1``), run the op
 once and check a slice against the float64 reference, then time the metadata and the decode +
-reduce (``mla_decode_fwd`` with the plan) over CUDA-graph replays (:mod:`.timing`), then each
-peer on the same inputs. A row that fails records its error and the sweep goes on.
+reduce (``mla_decode_fwd`` with the plan) over CUDA-graph replays (:mod:`.timing`), sampling
+SM clock and board power meanwhile (:mod:`.power`), then each peer on the same inputs. A row
+that fails records its error and the sweep goes on.
 
 :func:`plan_rows` and :class:`RowSpec` are pure Python (CPU-tested); the rest needs a GPU.
 """
@@ -15,7 +16,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from ..arch import QK_HEAD_DIM, V_HEAD_DIM
-from . import formulas, inputs, reference_numbers
+from . import formulas, inputs, power, reference_numbers
 from .timing import calls_per_graph, time_calls
 
 #: Layers of DeepSeek-V3 that one decode step's plan serves (the metadata is amortised over them).
@@ -207,7 +208,9 @@ class RowInputs:
 
 @dataclass
 class SweepContext:
-    """What every row shares: device, pool, ceilings, L2 size, peers, options."""
+    """What every row shares: device, pool, ceilings, L2 size, peers, options; ``sampler``
+    (a :class:`aiter_mla.bench.power.Sampler`, or None: not sampled) records SM clock and
+    board power while each row's decode is timed."""
 
     device: object
     pool: KVPool
@@ -217,6 +220,7 @@ class SweepContext:
     peers: list
     check: bool = True
     sm_scale: float = field(default_factory=inputs.deepseek_v3_sm_scale)
+    sampler: object = None
 
 
 def make_row_inputs(spec: RowSpec, ctx: SweepContext) -> RowInputs:
@@ -366,7 +370,11 @@ def _measure(spec: RowSpec, ctx: SweepContext, row: dict) -> None:
     meta = time_calls([plan.metadata] * METADATA_CALLS_PER_GRAPH, METADATA_CALLS_PER_GRAPH)
     floor = formulas.floor_us(spec.flops, spec.bytes, ctx.ceilings, spec.q_dtype, spec.kv_dtype)
     per_graph = calls_per_graph(max(1.5 * floor, 8.0))
-    dec = time_calls(_rotated_calls(plan.decode, ri.rotation, per_graph), per_graph)
+    with power.sampled(ctx.sampler) as gpu:   # clock_mhz, power_w, gpu_samples
+        dec = time_calls(_rotated_calls(plan.decode, ri.rotation, per_graph), per_graph)
+    row.update(gpu)
+    if getattr(ctx.sampler, "source", None) and not gpu["gpu_samples"]:
+        row["notes"].append(f"no SM clock / power sample from {ctx.sampler.source}")
     row.update(formulas.row_metrics(dec.us, spec.flops, spec.bytes, ctx.ceilings, spec.q_dtype,
                                     spec.kv_dtype))
     row.update({
