@@ -21,7 +21,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 logs=$(mktemp -d)
 python3 -m aiter_mla jit build --all -j 16 >"$logs/build.log" 2>&1
 DBG=-DAITER_MLA_MBAR_SPIN_LIMIT=20000000   # a pipeline bug traps instead of hanging
-AITER_MLA_EXTRA_NVCC_FLAGS=$DBG timeout 330 python3 -m pytest -q -rs -p no:cacheprovider op_tests \
+AITER_MLA_EXTRA_NVCC_FLAGS=$DBG timeout 450 python3 -m pytest -q -rs -p no:cacheprovider op_tests \
   >"$logs/pytest.log" 2>&1
 rc_tests=$?
 echo "== pytest rc=$rc_tests"; tail -4 "$logs/pytest.log"
