@@ -1,11 +1,9 @@
 """The bench's read-only bandwidth kernel (templates/read_bandwidth.cu.j2, built with the local
 nvcc for sm_90a; skipped without it) and the SM clock / board power sampler
-(aiter_mla/bench/power.py: nvidia-smi output parsing, a stand-in nvidia-smi and a stand-in
-pynvml on CPU). The kernel's result and rate are checked on the GPU only."""
+(aiter_mla/bench/power.py: summaries and a stand-in pynvml on CPU). The kernel's result and rate are checked on the GPU only."""
 from __future__ import annotations
 
 import ctypes
-import json
 import shutil
 import subprocess
 import sys
@@ -99,57 +97,11 @@ def test_read_ceiling_is_a_rate():
 # the clock / power sampler
 
 
-@pytest.mark.parametrize("line,parsed", [
-    ("1980, 412.35\n", (1980.0, 412.35)),
-    ("345, 72.10", (345.0, 72.1)),
-    ("1755, [N/A]", (1755.0, None)),
-    ("[N/A], 99.5", (None, 99.5)),
-    ("[N/A], [N/A]", None),
-    ("", None),
-    ("Failed to initialize NVML: Driver/library version mismatch", None),
-    ("1, 2, 3", None),
-])
-def test_parse_smi_line(line, parsed):
-    assert power.parse_smi_line(line) == parsed
-
-
 def test_summarize():
     s = power.summarize([(1980.0, 412.35), (1755.0, None), (1830.0, 600.0), (None, 500.5)])
     assert s == {"clock_mhz": {"min": 1755.0, "median": 1830.0},
                  "power_w": {"median": 500.5, "max": 600.0}, "gpu_samples": 4}
     assert power.summarize([]) == {"clock_mhz": None, "power_w": None, "gpu_samples": 0}
-
-
-FAKE_SMI = r'''
-import json, sys, time
-json.dump(sys.argv[1:], open(sys.argv[1], "w"))
-print("1000, 100.00", flush=True)        # before the window: dropped
-time.sleep(0.3)
-for line in ("1980, 412.35", "1755, [N/A]", "1830, 600.00"):
-    print(line, flush=True)
-time.sleep(60)
-'''
-
-
-def test_sampler_with_a_stand_in_nvidia_smi(tmp_path):
-    """The nvidia-smi source: the query it asks for, the first line dropped, the lines of the
-    window summarised, the process gone after stop()."""
-    script = tmp_path / "fake_smi.py"
-    script.write_text(FAKE_SMI)
-    args_file = tmp_path / "args.json"
-    s = power.Sampler("00000000:18:00.0", source="nvidia-smi",
-                      smi_command=[sys.executable, str(script), str(args_file)])
-    assert s.source == "nvidia-smi"
-    with power.sampled(s) as out:
-        proc = s._proc
-        time.sleep(1.0)
-    assert out == {"clock_mhz": {"min": 1755.0, "median": 1830.0},
-                   "power_w": {"median": pytest.approx((412.35 + 600.0) / 2), "max": 600.0},
-                   "gpu_samples": 3}
-    assert proc.poll() is not None and s._proc is None
-    assert json.loads(args_file.read_text())[1:] == [
-        "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50",
-        "-i", "00000000:18:00.0"]
 
 
 def _fake_pynvml(field_ok: bool):
@@ -187,7 +139,6 @@ def test_sampler_with_a_stand_in_pynvml(monkeypatch, field_ok, watts):
 
 def test_no_source_records_none(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)   # import pynvml -> ImportError
-    monkeypatch.setattr(shutil, "which", lambda name: None)
     s = power.Sampler("0")
     assert s.source is None
     with power.sampled(s) as out:
@@ -195,7 +146,7 @@ def test_no_source_records_none(monkeypatch):
     assert out == {"clock_mhz": None, "power_w": None, "gpu_samples": 0}
     with power.sampled(None) as out:
         pass
-    assert out["clock_mhz"] is None and "nvidia-smi" in power.NO_SOURCE_NOTE
+    assert out["clock_mhz"] is None and "pynvml" in power.NO_SOURCE_NOTE
 
 
 @pytest.mark.gpu
