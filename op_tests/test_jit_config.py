@@ -186,14 +186,14 @@ def test_missing_template_and_syntax_error(tmp_path):
 
 @pytest.mark.parametrize("params,needle", [
     (dict(mainloop="tile_pairs", block_n=32), "block_n=32 is not allowed; allowed: 64"),
-    (dict(mainloop="key_halves", q_dtype="bf16", kv_dtype="bf16", block_n=32), "block_n=32 is not allowed"),
-    (dict(q_dtype="fp8", kv_dtype="bf16", mainloop="key_halves"), "must be equal"),
-    (dict(q_dtype="bf16", kv_dtype="fp8", mainloop="key_halves"), "must be equal"),
+    (dict(mainloop="alternating", q_dtype="bf16", kv_dtype="bf16", block_n=32), "block_n=32 is not allowed"),
+    (dict(q_dtype="fp8", kv_dtype="bf16", mainloop="alternating"), "must be equal"),
+    (dict(q_dtype="bf16", kv_dtype="fp8", mainloop="alternating"), "must be equal"),
     (dict(q_dtype="bf16", kv_dtype="bf16", mainloop="tile_pairs"), "fp8 only"),
     (dict(q_dtype="bf16", kv_dtype="bf16", mainloop="warpgroup_works"), "fp8 only"),
     (dict(mainloop="warpgroup_works", block_m=128), "at most 32 rows"),
-    (dict(mainloop="key_halves"), "bf16 only"),
-    (dict(mainloop="wgmma_ot"), "allowed: 'tile_pairs', 'warpgroup_works', 'key_halves'"),
+    (dict(mainloop="alternating"), "bf16 only"),
+    (dict(mainloop="wgmma_ot"), "allowed: 'tile_pairs', 'warpgroup_works', 'alternating'"),
 ])
 def test_decode_combinations_without_a_kernel_are_refused_before_compiling(params, needle):
     """What the decode template would reject with #error is refused by the config first."""

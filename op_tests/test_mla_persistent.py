@@ -9,7 +9,7 @@ max(3e-2, 1.25 x the error of the reference with AITER's fp8-rounded P). LSE is 
 says why.
 
 The main loop follows from the case (``decode.mainloop_for``): fp8 above 32 rows runs
-``tile_pairs``, fp8 at most 32 rows ``warpgroup_works``, bf16 ``key_halves``; the grids below
+``tile_pairs``, fp8 at most 32 rows ``warpgroup_works``, bf16 ``alternating``; the grids below
 reach all three, at page sizes on both sides of the TMA threshold (8).
 
 A results table (case, rel L2, LSE error, tolerance) is printed at the end of the session.
@@ -230,9 +230,9 @@ def check(name, c: Case, o, lse):
 
 #: Per-thread stack (spilled registers) of the decode variants, measured at acedbf4
 #: (cuobjdump -res-usage; docs/perf/notes.md, issue 6 changes 18 and 19): tile_pairs 72 B,
-#: warpgroup_works 160 B, key_halves none. The bounds leave a little room and catch a loop that
+#: warpgroup_works 160 B; alternating none (at its first build). The bounds leave a little room and catch a loop that
 #: starts spilling more.
-DEFAULT_VARIANT_STACK_BOUND = {"tile_pairs": 96, "warpgroup_works": 168, "key_halves": 0}
+DEFAULT_VARIANT_STACK_BOUND = {"tile_pairs": 96, "warpgroup_works": 168, "alternating": 0}
 
 
 @pytest.mark.parametrize("heads,dtype", [(128, "fp8"), (64, "fp8"), (16, "fp8"), (128, "bf16"), (64, "bf16")])
@@ -285,7 +285,7 @@ def test_variant_selection():
     """Every supported shape, page size and dtype maps to one variant: block_m = the rows
     rounded up to whole 64-row blocks (AITER's ten pairs: its m16x8 = 128, m16x4 = 64), block_n
     64, causal for qlen > 1, and the main loop of its (dtype, rows): tile_pairs for fp8 above 32
-    rows, warpgroup_works for fp8 at most 32, key_halves for bf16."""
+    rows, warpgroup_works for fp8 at most 32, alternating for bf16."""
     v = dec.decode_variant(128, 1, 64, FP8, FP8)
     assert v == dict(arch="sm_90a", block_m=128, page_size=64, block_n=64, mask="none",
                      q_dtype="fp8", kv_dtype="fp8", mainloop="tile_pairs")
@@ -297,12 +297,12 @@ def test_variant_selection():
         for page_size in (1, 8, 256):
             for name, dt in DTYPES.items():
                 v = dec.decode_variant(heads, qlen, page_size, dt, dt)
-                loop = "key_halves" if name == "bf16" else ("warpgroup_works" if rows <= 32 else "tile_pairs")
+                loop = "alternating" if name == "bf16" else ("warpgroup_works" if rows <= 32 else "tile_pairs")
                 assert v == dict(arch="sm_90a", block_m=64 * max(1, math.ceil(rows / 64)), page_size=page_size,
                                  block_n=64, mask="causal" if qlen > 1 else "none", q_dtype=name,
                                  kv_dtype=name, mainloop=loop), (heads, qlen, page_size, name)
     assert dec.decode_variant(128, 16, 64, FP8, FP8)["block_m"] == 2048
-    assert set(dec.MAINLOOPS) == {"tile_pairs", "warpgroup_works", "key_halves"}
+    assert set(dec.MAINLOOPS) == {"tile_pairs", "warpgroup_works", "alternating"}
     with pytest.raises(TypeError, match="mainloop"):   # the loop is not the caller's to choose
         dec.decode_variant(128, 1, 64, FP8, FP8, mainloop="tile_pairs")
     for args, name in [((128, 1, 64.0), "page_size"), ((128, 1, True), "page_size"),
@@ -523,7 +523,7 @@ def test_mixed_empty(warm, heads, qlen, dtype):
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("dtype", list(DTYPES))   # bf16: key_halves' q_full / q_empty parity over many works
+@pytest.mark.parametrize("dtype", list(DTYPES))   # bf16: alternating's q_full / q_empty parity over many works
 def test_dual_rings_wrap_with_one_cta(warm, monkeypatch, dtype):
     """CU_NUM=1: 2 work lists (one CTA; warpgroup_works: one per warpgroup) over long contexts, so
     every KV ring wraps many times (its parity flips) and works change inside a list."""

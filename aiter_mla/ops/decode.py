@@ -19,7 +19,7 @@ Numerics (kernel: templates/mla_decode.cu.j2 + templates/common/mla_decode_sm90*
 = q.k over 576 dims (tensor cores, fp32 accumulate; fp8 QK promoted to fp32 in chunks of k-steps)
 x q_scale x kv_scale x sm_scale; exp2-based online softmax; output = (P.V) x kv_scale / l in
 bf16; LSE natural log. The fp8 main loops ("tile_pairs" above 32 rows, "warpgroup_works" at
-most 32) run PV as an e4m3 wgmma with P rounded to e4m3, as AITER does; bf16 "key_halves"
+most 32) run PV as an e4m3 wgmma with P rounded to e4m3, as AITER does; bf16 "alternating"
 rounds P to bf16. Measured on the H200 against float64 (the bench's check): relative L2 at
 most 1.2e-2 (fp8) and about 1.8e-3 (bf16).
 
@@ -90,9 +90,9 @@ FEW_ROWS = arch.FEW_ROWS
 #: "tile_pairs" (fp8, more than FEW_ROWS rows: the warpgroups score alternate KV tiles of a pair,
 #: templates/common/mla_decode_sm90_tile_pairs.cuh), "warpgroup_works" (fp8, at most FEW_ROWS
 #: rows: each consumer warpgroup runs its own work list, mla_decode_sm90_warpgroup_works.cuh) and
-#: "key_halves" (bf16: the warpgroups score the two key halves of each tile,
-#: mla_decode_sm90_wgmma.cuh). docs/DESIGN.md §9.5-§9.7 describe them.
-MAINLOOPS = ("tile_pairs", "warpgroup_works", "key_halves")
+#: "alternating" (bf16: the warpgroups own alternate KV tiles and run out of phase, the row max
+#: chained between them, mla_decode_sm90_alternating.cuh). docs/DESIGN.md §9.5-§9.7 describe them.
+MAINLOOPS = ("tile_pairs", "warpgroup_works", "alternating")
 
 
 def mainloop_for(dtype: str, rows: int) -> str:
@@ -101,7 +101,7 @@ def mainloop_for(dtype: str, rows: int) -> str:
     if dtype not in KERNEL_DTYPES.values():
         raise ValueError(f"dtype must be one of {sorted(KERNEL_DTYPES.values())}, got {dtype!r}")
     if dtype == "bf16":
-        return "key_halves"
+        return "alternating"
     return "warpgroup_works" if rows <= FEW_ROWS else "tile_pairs"
 
 

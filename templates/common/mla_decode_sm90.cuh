@@ -1,6 +1,6 @@
 // MLA decode on sm_90a: the device vocabulary every main loop shares: the CTA shape, the work
 // record, the per-row softmax state, masking and the online softmax's max half, and the
-// epilogue of the loops that keep O in the S layout (key_halves).
+// epilogue of the loops that keep O in the S layout (alternating).
 //
 // One CTA = 64 query rows of one work, 256 consumer threads = 8 warps = 2 warpgroups of 4 row
 // groups (16 rows, the wgmma M layout). In the S layout a thread of warp (g, c) owns rows
@@ -51,16 +51,12 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-// Two probabilities as one bf16x2 word of the P tile (key_halves' PV is a bf16 wgmma).
+// Two probabilities as one bf16x2 word of P (the alternating loop's PV is a bf16 wgmma).
 __device__ __forceinline__ uint32_t pack2_bf16(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
@@ -216,27 +212,6 @@ __device__ __forceinline__ void exp_scores(const float (&s)[C::kSTiles][4], cons
     sum[1] += p2 + p3;
     store(j, p0, p1, p2, p3);
   }
-}
-
-// Online softmax for one tile: softmax_row_max, then rescales O and l and writes this warp's
-// half of P (16-bit) to shared memory.
-template <class C>
-__device__ __forceinline__ void softmax_update(float (&s)[C::kSTiles][4], float (&o)[C::kOTiles][4],
-                                               RowState& st, uint8_t* smem, int tok0, float scale_log2,
-                                               int group, int half, int lane) {
-  const int r0 = group * 16 + (lane >> 2);
-  float scale_o[2], mx[2];
-  const float sc = softmax_row_max<C>(s, st, scale_o, mx, smem, tok0, scale_log2, group, half, lane);
-  float sum[2];
-  uint8_t* p_tile = smem + C::kOffP;
-  exp_scores<C>(s, mx, sc, sum, [&](int j, float p0, float p1, float p2, float p3) {
-    const int col = half * (C::BN / 2) + j * 8 + (lane & 3) * 2;
-    *reinterpret_cast<uint32_t*>(p_tile + r0 * C::kPStride + col * 2) = pack2_bf16(p0, p1);
-    *reinterpret_cast<uint32_t*>(p_tile + (r0 + 8) * C::kPStride + col * 2) = pack2_bf16(p2, p3);
-  });
-#pragma unroll
-  for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * scale_o[h] + sum[h];
-  scale_rows<C>(o, scale_o);
 }
 
 // ---- epilogue ------------------------------------------------------------------------------

@@ -1,27 +1,20 @@
 // MLA decode on sm_90a: the warpgroup-MMA vocabulary every main loop uses (wgmma, mbarrier and
-// TMA wrappers, the producer's KV copies, QK with fp32 promotion) and the bf16 "key halves"
-// main loop's tile (template parameter mainloop = "key_halves").
+// TMA wrappers, the producer's KV copies, QK with fp32 promotion, the operand descriptors).
 //
 // 256 consumer threads = 2 warpgroups; warp w of warpgroup c owns rows 16w..16w+15 (the wgmma
 // M = 64 layout, whose per-warp accumulator fragment equals mma.sync's m16n8 C fragment, so
-// the softmax and epilogue of mla_decode_sm90.cuh serve it unchanged). Key halves, per tile:
-//   QK: warpgroup c computes S[64 x BN/2] = Q[64 x 576] . K[keys c*BN/2 ..]^T with one
-//       m64n32k16 bf16 wgmma per 32 bytes of K, A = Q and B = K both K-major in shared memory;
-//   PV: warpgroup c computes O[64 x cols c*256 ..] += P[64 x BN] . V[BN x 256] with
-//       m64n256k16 bf16 wgmma, A = P from registers (ldmatrix of the P tile both warpgroups
-//       wrote), B = V read MN-major (transposed) from shared memory.
+// the softmax and epilogue of mla_decode_sm90.cuh serve every loop).
 //
 // Shared-memory layout below page_size 8 (cp.async stages): every operand uses the no-swizzle
 // ("interleaved") canonical layout: 8 rows x 16 bytes form one 128-byte core matrix; the core
 // matrices of 8 rows follow each other along the row (stride 128 B), and 8-row groups follow
-// each other (stride 8 x row bytes). A KV row of 576 (1152) bytes does not divide into
-// 128-byte swizzle atoms, and the interleaved layout lets the same bytes serve as K-major K
-// (core matrix = 8 keys x 16 bytes) and, for bf16, as MN-major V (core matrix = 8 keys x 8
+// each other (stride 8 x row bytes). The interleaved layout lets the same bytes serve as K-major
+// K (core matrix = 8 keys x 16 bytes) and, for bf16, as MN-major V (core matrix = 8 keys x 8
 // columns) with no copy. Descriptor strides (CUTLASS make_gmma_desc, INTERLEAVE): LBO = stride
 // between core matrices along K, SBO = stride between core matrices along M/N, for both majors.
-// At page_size >= 8 the stages are filled by TMA in the 64-byte-swizzled layout (the Tma
-// config below; k_desc, v_desc), where 18 column blocks of BN rows x 64 B serve as K-major K
-// and, read the other way, as MN-major V.
+// At page_size >= 8 the stages are filled by TMA in a swizzled layout of column blocks of BN
+// rows x kSwBytes (64 for the fp8 loops, 128 for the bf16 alternating loop; k_desc, v_desc),
+// which serve as K-major K and, read the other way, as MN-major V.
 #pragma once
 #include "mla_decode_sm90.cuh"
 #include "mla_decode_stamps.cuh"
@@ -29,8 +22,8 @@
 namespace mla {
 namespace wg {
 
-// The tile shape every main loop shares (key halves below, the fp8 loops through
-// mla_decode_sm90_fp8.cuh): 64-row CTA, BN keys per tile, Q and KV rows of 576 elements, Q at
+// The tile shape every main loop shares (the alternating loop's config,
+// mla_decode_sm90_alternating.cuh; the fp8 loops' through mla_decode_sm90_fp8.cuh): 64-row CTA, BN keys per tile, Q and KV rows of 576 elements, Q at
 // 0 and the KV ring after it in shared memory.
 template <int BlockN, int PageSize, bool Fp8, bool Causal>
 struct WgmmaTile {
@@ -52,46 +45,13 @@ struct WgmmaTile {
   static constexpr int kOffKv = kOffQ + kQBytes;
   static constexpr int kLog2P = log2_page_size<P>();
   // Q in the interleaved layout, copied by the consumers (cp.async); a loop whose producer
-  // copies Q by TMA (tile_pairs, key_halves; page_size >= 8) lays it out as a KV stage
+  // copies Q by TMA (tile_pairs, alternating; page_size >= 8) lays it out as a KV stage
   // instead.
   static constexpr bool kQTma = false;
+  // Bytes of a TMA stage's swizzle row (its column blocks are BN rows x kSwBytes): 64 here;
+  // the alternating loop uses 128 (half the box rows per stage, for the TMA unit).
+  static constexpr int kSwBytes = 64;
   static_assert(BN == 64, "the warpgroup main loops run block_n 64 (N = 32 keys per warpgroup)");
-};
-
-// The bf16 key-halves tile: Q, 2 KV stages, the P tile, the row reductions and the mbarriers.
-// Tma (page_size >= 8): the producer fills the stages by TMA in the 64-byte-swizzled layout,
-// which serves as K-major K for QK (k_desc) and as MN-major V for PV (v_desc); otherwise
-// stages are interleaved and filled by cp.async.
-template <int BlockN, int PageSize, bool Causal, bool Tma>
-struct KeyHalvesConfig : WgmmaTile<BlockN, PageSize, false, Causal> {
-  using T = WgmmaTile<BlockN, PageSize, false, Causal>;
-  using T::BN;
-  using T::kGroupBytes;
-  using T::kStageBytes;
-  using T::kOffKv;
-  static constexpr int kPStride = (BN + 8) * 2;               // P tile, 16-bit, padded (ldmatrix)
-  static constexpr int kVGroupBytes = kGroupBytes;            // V's 8-key groups (the LBO): the stage's
-  static constexpr int kStages = 2;
-  static constexpr bool kSw64 = Tma;                          // KV stage layout (k_desc, v_desc)
-  static constexpr int kTmaRows = PageSize < BlockN ? PageSize : BlockN;   // one box: <= one page
-  static constexpr int kTmaBoxBytes = kTmaRows * 64;
-
-  static constexpr int kPBytes = kRows * kPStride;
-
-  static constexpr int kOffP = kOffKv + kStages * kStageBytes;
-  static constexpr int kOffRed = kOffP + kPBytes;
-  // full[kStages] then empty[kStages] mbarriers (8 bytes each), then with TMA stages q_full,
-  // q_empty: the producer copies Q too, in the stage layout (no consumer cp.async of Q, whose
-  // 73 KB issue held back the first KV copy).
-  static constexpr int kOffBar = kOffRed + T::kRedBytes;
-  static constexpr int kOffQBar = kOffBar + 2 * kStages * 8;
-  static constexpr bool kQTma = Tma;
-  static constexpr int kSmemBytes = kOffQBar + (kQTma ? 2 * 8 : 0);
-
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
-  static_assert(kOffKv % 128 == 0 && kStageBytes % 128 == 0, "core matrices are 128-byte aligned");
-  static_assert(!Tma || (PageSize >= 8 && kOffKv % 512 == 0 && kStageBytes % 512 == 0),
-                "TMA stages: page_size >= 8, 512-byte-aligned swizzle atoms");
 };
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
@@ -264,6 +224,14 @@ __device__ __forceinline__ void wgmma_pv_bf16(float (&o)[32][4], const uint32_t 
                : AITER_MLA_PV_ACC_OUTS(o)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
+// The same with A = P from shared memory (descriptor da, K-major; the alternating loop's PV of
+// the other warpgroup's tile).
+__device__ __forceinline__ void wgmma_pv_bf16_ss(float (&o)[32][4], uint64_t da, uint64_t db) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" AITER_MLA_PV_ACC_REGS
+               "}, %128, %129, 1, 1, 1, 0, 1;\n"
+               : AITER_MLA_PV_ACC_OUTS(o)
+               : "l"(da), "l"(db));
+}
 #undef AITER_MLA_PV_ACC_REGS
 #undef AITER_MLA_PV_ACC_OUTS
 
@@ -384,7 +352,7 @@ __device__ __forceinline__ void produce_kv_tile_tma(uint32_t stage_addr, uint32_
                                                     uint32_t empty_parity, const void* map,
                                                     const PageTable& page_table, int tok0, int kv_tok_end,
                                                     int lane, bool wait_q, bool& bad_page) {
-  constexpr int kBlocks = C::kRowBytes / 64;                  // 64-byte column blocks (fp8 9, bf16 18)
+  constexpr int kBlocks = C::kRowBytes / C::kSwBytes;         // column blocks (64 B: fp8 9, bf16 18; 128 B: bf16 9)
   constexpr int kMaxBoxes = (C::BN / C::kTmaRows) * kBlocks;  // <= 144 (bf16, page_size 8)
   const int pages = (min(C::BN, kv_tok_end - tok0) + C::kTmaRows - 1) / C::kTmaRows;
   const int boxes = pages * kBlocks;
@@ -409,7 +377,7 @@ __device__ __forceinline__ void produce_kv_tile_tma(uint32_t stage_addr, uint32_
     const int b = lane + 32 * i;
     if (b < boxes) {
       const int blk = b % kBlocks, pg = b / kBlocks;
-      tma_load_box(stage_addr + blk * (C::BN * 64) + pg * C::kTmaBoxBytes, map, blk * 64, row[i], bar_full);
+      tma_load_box(stage_addr + blk * (C::BN * C::kSwBytes) + pg * C::kTmaBoxBytes, map, blk * C::kSwBytes, row[i], bar_full);
     }
   }
   AITER_MLA_STAMP(kProduceIssue);
@@ -435,20 +403,27 @@ struct QkAcc {
 // 128 B apart. 64-byte-swizzled stages (the TMA layout, C::kSw64): 64-byte
 // column blocks of BN rows x 64 B, 8-row atoms 512 B apart; a k32 step is half a block, reached
 // by moving the start address 32 B (the hardware applies the swizzle to the final address).
+// The descriptor's layout field for a swizzled stage: 64-byte 2, 128-byte 1 (sm_90 encoding).
+template <class C>
+__device__ __forceinline__ constexpr uint64_t swizzle_bits() {
+  static_assert(C::kSwBytes == 64 || C::kSwBytes == 128, "64- or 128-byte swizzle");
+  return (C::kSwBytes == 128 ? 1ull : 2ull) << 62;
+}
 template <class C>
 __device__ __forceinline__ uint32_t k_half_offset(int half) {
-  return C::kSw64 ? half * (C::BN / 2) * 64 : half * (C::BN / 16) * C::kGroupBytes;
+  return C::kSw64 ? half * (C::BN / 2) * C::kSwBytes : half * (C::BN / 16) * C::kGroupBytes;
 }
 // Descriptors of step kk are the step-0 descriptor plus the step's byte offset / 16 in the
 // address field (shared-memory addresses < 2^18 B: the 14-bit field never carries), so the
 // unrolled chunks add constants instead of rebuilding each descriptor.
 template <class C>
 __device__ __forceinline__ constexpr uint32_t k_step_bytes(int kk) {
-  return C::kSw64 ? (kk >> 1) * (C::BN * 64) + (kk & 1) * 32 : kk * 256;
+  constexpr int kPer = C::kSwBytes / 32;   // k-steps per column block
+  return C::kSw64 ? (kk / kPer) * (C::BN * C::kSwBytes) + (kk % kPer) * 32 : kk * 256;
 }
 template <class C>
 __device__ __forceinline__ uint64_t k_desc(uint32_t k_addr, int kk) {
-  const uint64_t d0 = C::kSw64 ? make_desc(k_addr, 16, 512) | (2ull << 62) : make_desc(k_addr, 128, C::kGroupBytes);
+  const uint64_t d0 = C::kSw64 ? make_desc(k_addr, 16, 8 * C::kSwBytes) | swizzle_bits<C>() : make_desc(k_addr, 128, C::kGroupBytes);
   return d0 + (k_step_bytes<C>(kk) >> 4);
 }
 // A operand (Q, interleaved layout) of QK step kk.
@@ -456,7 +431,7 @@ template <class C>
 __device__ __forceinline__ uint64_t q_desc(uint32_t q_addr, int kk) {
   if constexpr (C::kQTma) {   // Q as a 64-row KV stage: 64-byte-swizzled column blocks (k_desc)
     static_assert(C::BN == kRows, "a TMA-copied Q tile has a KV stage's shape");
-    return (make_desc(q_addr, 16, 512) | (2ull << 62)) + (k_step_bytes<C>(kk) >> 4);
+    return (make_desc(q_addr, 16, 8 * C::kSwBytes) | swizzle_bits<C>()) + (k_step_bytes<C>(kk) >> 4);
   } else {
     return make_desc(q_addr, 128, C::kGroupBytes) + static_cast<uint64_t>(kk * 256 >> 4);
   }
@@ -545,25 +520,9 @@ __device__ __forceinline__ void qk_finish(float (&s)[C::kSTiles][4], QkAcc<C>& a
 template <class C>
 __device__ __forceinline__ uint64_t v_desc(uint32_t v_addr, int kk) {
   if constexpr (C::kSw64) {
-    return make_desc(v_addr + kk * 16 * 64, C::BN * 64, 512) | (2ull << 62);
+    return make_desc(v_addr + kk * 16 * C::kSwBytes, C::BN * C::kSwBytes, 8 * C::kSwBytes) | swizzle_bits<C>();
   } else {
     return make_desc(v_addr + kk * 2 * C::kVGroupBytes, C::kVGroupBytes, 128);
-  }
-}
-
-// bf16 TMA stages: a tile's rows past its valid keys (the tail page's rows past the work's end,
-// possibly NaN; pages not loaded keep an earlier tile's bytes) are zeroed in V's 512 columns,
-// so that P = 0 never meets a NaN (K there is masked in the softmax by select). The 256 consumer
-// threads each store 16-byte zeros; the caller fences the stores to the async proxy and syncs.
-template <class C>
-__device__ __forceinline__ void zero_v_tail(uint8_t* smem, int stage, int valid) {
-  static_assert(C::kSw64 && !C::kFp8, "bf16 TMA stages only");
-  uint8_t* base = smem + C::kOffKv + stage * C::kStageBytes;
-  const int chunks = (C::BN - valid) * (kVDim * 2 / 16);   // 64 chunks of 16 B per row
-  for (int i = threadIdx.x; i < chunks; i += kThreads) {
-    const int row = valid + (i >> 6), c = i & 63;            // 16-byte chunk c of the row's 1 KB of V
-    // block c / 4, row's 64 bytes; which 16 bytes of them does not matter: all four are zeroed
-    *reinterpret_cast<uint4*>(base + (c >> 2) * (C::BN * 64) + row * 64 + (c & 3) * 16) = make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -580,27 +539,9 @@ __device__ __forceinline__ void zero_q_rows(uint8_t* smem, int valid_rows) {
   uint8_t* base = smem + C::kOffQ;
   for (int i = threadIdx.x; i < (kRows - valid_rows) * kChunksPerRow; i += kThreads) {
     const int row = valid_rows + i / kChunksPerRow, c = i % kChunksPerRow;   // 16-byte chunk c of the row
-    *reinterpret_cast<uint4*>(base + (c >> 2) * (kRows * 64) + row * 64 + (c & 3) * 16) = make_uint4(0, 0, 0, 0);
+    constexpr int kPer = C::kSwBytes / 16;   // 16-byte chunks per swizzle row
+    *reinterpret_cast<uint4*>(base + (c / kPer) * (kRows * C::kSwBytes) + row * C::kSwBytes + (c % kPer) * 16) = make_uint4(0, 0, 0, 0);
   }
-}
-
-// Issues (does not wait for) O[64 x cols of half] += P[64 x BN] . V[BN x 256].
-template <class C>
-__device__ __forceinline__ void pv_issue(float (&o)[C::kOTiles][4], const uint8_t* smem, int stage, int group,
-                                         int half, int lane) {
-  const uint32_t p_addr = smem_addr(smem + C::kOffP) + (group * 16 + (lane & 15)) * C::kPStride + (lane >> 4) * 16;
-  uint32_t a[C::BN / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < C::BN / 16; ++kk) ldmatrix_x4(a[kk], p_addr + kk * 32);
-  const uint8_t* v_base = smem + C::kOffKv + stage * C::kStageBytes;
-  const uint32_t v_addr = smem_addr(v_base) + (C::kSw64 ? half * (kVDim / 2 / 32) * (C::BN * 64) : half * (kVDim / 2 / 8) * 128);
-  fence_operands(o);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < C::BN / 16; ++kk)
-    wgmma_pv_bf16(o, a[kk], v_desc<C>(v_addr, kk));
-  wgmma_commit();
-  fence_operands(o);
 }
 
 }  // namespace wg

@@ -30,9 +30,10 @@ enum Phase : int {
   kPv,            // V^T fragments, O rescale, P V and its wait
   kProduceWait,   // the producer waiting for a free stage (or for the consumers' first Q)
   kProduceIssue,  // the producer's page lookups and copy issue
+  kHandover,      // waiting for the other warpgroup's hand-over (alternating)
   kPhases
 };
-constexpr const char* kNames = "pdl_wait,work,kv_wait,qk,softmax,pv,produce_wait,produce_issue";
+constexpr const char* kNames = "pdl_wait,work,kv_wait,qk,softmax,pv,produce_wait,produce_issue,handover";
 
 constexpr int kFields = kPhases + 2;   // the phases, the tile count, the last stamp's clock
 constexpr int kSmemBytes = (kRoles * kFields * 8 + 127) / 128 * 128;
