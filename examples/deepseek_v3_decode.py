@@ -212,7 +212,9 @@ def _greedy(model, prompt, steps):
     for _ in range(steps):
         logits = out.logits[:, -1].float()
         top = logits.topk(2, dim=-1).values
-        margins.append((top[:, 0] - top[:, 1]).min().item())
+        # the top-2 margin per row in units of the top logit's bf16 spacing (8 significant bits)
+        ulp = torch.exp2(torch.floor(torch.log2(top[:, 0].abs().clamp_min(2.0 ** -126))) - 7)
+        margins.append(((top[:, 0] - top[:, 1]) / ulp).tolist())
         nxt = logits.argmax(dim=-1, keepdim=True)
         tokens.append(nxt)
         out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
@@ -251,7 +253,28 @@ def run(dtype="bf16", page_size=64, steps=8, batch=2, prompt_len=70, wrong_scale
             "calls_per_layer": engine.calls, "max_rel_l2_per_layer": [max(e) for e in engine.errors],
             "rel_l2": [e for e in engine.errors], "tokens_match": bool(torch.equal(ref_tokens, our_tokens)),
             "ref_tokens": ref_tokens.tolist(), "our_tokens": our_tokens.tolist(),
-            "min_top2_margin": min(ref_margins)}
+            "ref_margin_ulps": ref_margins,
+            "min_top2_margin_ulps": min(min(m) for m in ref_margins),
+            "divergences": divergences(ref_tokens.tolist(), our_tokens.tolist(), ref_margins)}
+
+
+def divergences(ref_tokens, our_tokens, ref_margin_ulps) -> list[dict]:
+    """Per batch row whose greedy tokens differ: the first step that differs and the reference's
+    top-2 logit margin there, in bf16 spacings of its top logit. Past that step the two runs
+    decode different prefixes, so only the first difference says anything. A margin of one
+    spacing is a tie that any change of rounding can flip (the logits are bf16)."""
+    out = []
+    for row, (ref, ours) in enumerate(zip(ref_tokens, our_tokens)):
+        step = next((t for t, (a, b) in enumerate(zip(ref, ours)) if a != b), None)
+        if step is not None:
+            out.append({"row": row, "step": step, "ref_margin_ulps": ref_margin_ulps[step][row]})
+    return out
+
+
+def tokens_agree(res: dict, max_margin_ulps: float = 1.0) -> bool:
+    """Whether the greedy tokens match, or every row's first difference falls where the
+    reference's top-2 margin is at most ``max_margin_ulps`` bf16 spacings (a rounding tie)."""
+    return all(d["ref_margin_ulps"] <= max_margin_ulps for d in res["divergences"])
 
 
 #: The bound on each decode step's relative L2 (attention output after o_proj, against
@@ -277,11 +300,11 @@ def main(argv=None) -> int:
         return 2
     res = run(args.dtype, args.page_size, args.steps, wrong_scale=args.wrong_scale, backend=args.backend)
     worst = max(res["max_rel_l2_per_layer"])
-    ok = worst <= TOLERANCE[args.dtype] and (res["tokens_match"] or args.dtype == "fp8")
+    ok = worst <= TOLERANCE[args.dtype] and (tokens_agree(res) or args.dtype == "fp8")
     print(json.dumps({k: v for k, v in res.items() if k != "rel_l2"}))
     print(f"{'PASS' if ok else 'FAIL'}: worst per-layer relative L2 {worst:.2e} (tolerance "
           f"{TOLERANCE[args.dtype]:.2g}), op calls per layer {res['calls_per_layer']}, greedy "
-          f"tokens {'match' if res['tokens_match'] else 'differ'}")
+          f"tokens {'match' if res['tokens_match'] else 'differ: ' + json.dumps(res['divergences'])}")
     return 0 if ok else 1
 
 
