@@ -14,8 +14,10 @@ decode step it also runs the engine path an MLA server uses:
   (yarn: mscale^2 / sqrt(192), not 1 / sqrt(576)).
 
 The wrapped layer returns our output, so the generation runs on it, and the greedy tokens are
-compared with a run of transformers alone. ``--backend reference`` swaps the op for the float64
-reference (CPU), to check the adapter itself.
+compared with a run of transformers alone: where they differ, the first differing step of each
+row and transformers' top-2 margin there (in bf16 spacings) are reported, and a difference counts
+as agreement only at a one-spacing tie. ``--backend reference`` swaps the op for the float64
+reference, to check the adapter itself.
 
     python examples/deepseek_v3_decode.py [--dtype bf16|fp8] [--page-size 64] [--steps 8]
                                           [--wrong-scale] [--backend aiter|reference]
