@@ -77,30 +77,14 @@ __device__ __forceinline__ void handover_wait(int from) {
   asm volatile("bar.sync %0, 256;\n" ::"r"(9 + from) : "memory");
 }
 
-// S[64 x 64] = A[64 x 16] . B[64 keys x 16]^T, bf16, both from shared memory (ScaleD 0: S is
-// overwritten).
-template <int ScaleD>
-__device__ __forceinline__ void wgmma_qk_n64(float (&s)[8][4], uint64_t da, uint64_t db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, %34, 1, 1, 0, 0;\n"
-      : "+f"(s[0][0]), "+f"(s[0][1]), "+f"(s[0][2]), "+f"(s[0][3]), "+f"(s[1][0]), "+f"(s[1][1]), "+f"(s[1][2]), "+f"(s[1][3]),
-        "+f"(s[2][0]), "+f"(s[2][1]), "+f"(s[2][2]), "+f"(s[2][3]), "+f"(s[3][0]), "+f"(s[3][1]), "+f"(s[3][2]), "+f"(s[3][3]),
-        "+f"(s[4][0]), "+f"(s[4][1]), "+f"(s[4][2]), "+f"(s[4][3]), "+f"(s[5][0]), "+f"(s[5][1]), "+f"(s[5][2]), "+f"(s[5][3]),
-        "+f"(s[6][0]), "+f"(s[6][1]), "+f"(s[6][2]), "+f"(s[6][3]), "+f"(s[7][0]), "+f"(s[7][1]), "+f"(s[7][2]), "+f"(s[7][3])
-      : "l"(da), "l"(db), "n"(ScaleD));
-}
-
 // Issues S = Q . K^T of the tile at k_addr over all 576 dims: 36 k-steps, one commit group.
 template <class C>
 __device__ __forceinline__ void qk_issue(float (&s)[8][4], uint32_t q_addr, uint32_t k_addr) {
   wg::fence_operands(s);
   wg::wgmma_fence();
-  wgmma_qk_n64<0>(s, wg::q_desc<C>(q_addr, 0), wg::k_desc<C>(k_addr, 0));
+  wg::wgmma_qk<false, 0>(s, wg::q_desc<C>(q_addr, 0), wg::k_desc<C>(k_addr, 0));
 #pragma unroll
-  for (int kk = 1; kk < C::kKSteps; ++kk) wgmma_qk_n64<1>(s, wg::q_desc<C>(q_addr, kk), wg::k_desc<C>(k_addr, kk));
+  for (int kk = 1; kk < C::kKSteps; ++kk) wg::wgmma_qk<false, 1>(s, wg::q_desc<C>(q_addr, kk), wg::k_desc<C>(k_addr, kk));
   wg::wgmma_commit();
   wg::fence_operands(s);
 }

@@ -156,22 +156,33 @@ __device__ __forceinline__ void wgmma_qk(float (&s)[4][4], uint64_t da, uint64_t
   }
 }
 
-// S[64 x 64] = (ScaleD ? S : 0) + A[64 x 32 bytes] . B[64 keys x 32 bytes]^T, e4m3 (the
-// tile_pairs loop: one warpgroup scores a whole 64-key tile, mla_decode_sm90_tile_pairs.cuh).
+// S[64 x 64] = (ScaleD ? S : 0) + A[64 x 32 bytes] . B[64 keys x 32 bytes]^T, both from shared
+// memory: e4m3 (the tile_pairs loop, mla_decode_sm90_tile_pairs.cuh) or bf16 (the alternating
+// loop): one warpgroup scores a whole 64-key tile.
+#define AITER_MLA_QK64_ACC_REGS \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define AITER_MLA_QK64_ACC_OUTS(s) \
+  "+f"(s[0][0]), "+f"(s[0][1]), "+f"(s[0][2]), "+f"(s[0][3]), "+f"(s[1][0]), "+f"(s[1][1]), "+f"(s[1][2]), "+f"(s[1][3]), \
+  "+f"(s[2][0]), "+f"(s[2][1]), "+f"(s[2][2]), "+f"(s[2][3]), "+f"(s[3][0]), "+f"(s[3][1]), "+f"(s[3][2]), "+f"(s[3][3]), \
+  "+f"(s[4][0]), "+f"(s[4][1]), "+f"(s[4][2]), "+f"(s[4][3]), "+f"(s[5][0]), "+f"(s[5][1]), "+f"(s[5][2]), "+f"(s[5][3]), \
+  "+f"(s[6][0]), "+f"(s[6][1]), "+f"(s[6][2]), "+f"(s[6][3]), "+f"(s[7][0]), "+f"(s[7][1]), "+f"(s[7][2]), "+f"(s[7][3])
 template <bool Fp8, int ScaleD>
 __device__ __forceinline__ void wgmma_qk(float (&s)[8][4], uint64_t da, uint64_t db) {
-  static_assert(Fp8, "the N = 64 QK wgmma is e4m3 only");
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, %34, 1, 1;\n"
-      : "+f"(s[0][0]), "+f"(s[0][1]), "+f"(s[0][2]), "+f"(s[0][3]), "+f"(s[1][0]), "+f"(s[1][1]), "+f"(s[1][2]), "+f"(s[1][3]),
-        "+f"(s[2][0]), "+f"(s[2][1]), "+f"(s[2][2]), "+f"(s[2][3]), "+f"(s[3][0]), "+f"(s[3][1]), "+f"(s[3][2]), "+f"(s[3][3]),
-        "+f"(s[4][0]), "+f"(s[4][1]), "+f"(s[4][2]), "+f"(s[4][3]), "+f"(s[5][0]), "+f"(s[5][1]), "+f"(s[5][2]), "+f"(s[5][3]),
-        "+f"(s[6][0]), "+f"(s[6][1]), "+f"(s[6][2]), "+f"(s[6][3]), "+f"(s[7][0]), "+f"(s[7][1]), "+f"(s[7][2]), "+f"(s[7][3])
-      : "l"(da), "l"(db), "n"(ScaleD));
+  if constexpr (Fp8) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" AITER_MLA_QK64_ACC_REGS
+                 "}, %32, %33, %34, 1, 1;\n"
+                 : AITER_MLA_QK64_ACC_OUTS(s)
+                 : "l"(da), "l"(db), "n"(ScaleD));
+  } else {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" AITER_MLA_QK64_ACC_REGS
+                 "}, %32, %33, %34, 1, 1, 0, 0;\n"
+                 : AITER_MLA_QK64_ACC_OUTS(s)
+                 : "l"(da), "l"(db), "n"(ScaleD));
+  }
 }
+#undef AITER_MLA_QK64_ACC_REGS
+#undef AITER_MLA_QK64_ACC_OUTS
 
 // O[64 x 256] += A[64 x 16 keys] (registers, mma.sync A-fragment layout) . B[16 keys x 256]
 // (shared memory, MN-major: imm-trans-b = 1), bf16.
