@@ -12,7 +12,7 @@
 //   1. wait for the other's hand-over of tile b - 1 (named barrier 9 + other; none for b = 0),
 //      wait for this warpgroup's PV of tile b - 2, rescale O and l by the factor of b - 1,
 //      issue PV(b - 1): O += P(b - 1) [shared memory] . V(b - 1) [its columns];
-//   2. issue QK(b) once its stage has landed; wait for both;
+//   2. issue QK(b), part by part as the stage's parts land; wait for both;
 //   3. softmax of tile b from m(b - 1), P(b) written to shared memory with m(b) and the factor,
 //      hand-over (bar.arrive 9 + w); rescale O and l;
 //   4. issue PV(b) with P(b) from registers (wgmma RS); waited at the next step.
@@ -25,8 +25,12 @@
 // start, V = the Q tile, finite); an odd tile count gets a masked tile n (no copy: K and V read
 // from the Q tile, every score masked, so P = 0 and its factor 1). After its last step warpgroup
 // 0 alone adds warpgroup 1's last tile (a branch whose wgmmas are waited inside it).
-// A stage (one tile, both warpgroups use it) is released by 256 arrivals: the owner's after its
-// PV, the other's after its PV of that tile. Rows, masking, the epilogue and the producer are
+// A TMA stage (one tile, both warpgroups use it) is three parts, each with its own full and
+// empty barrier: the RoPE column block, released by the owner once its QK is done, and V's two
+// 256-column halves, each released by the warpgroup whose PVs read it once its PV of the tile
+// is done (128 arrivals each). The producer refills a part as soon as it is free, and QK(b)
+// waits for each part just before its k-steps. A cp.async stage is one part, released by both
+// warpgroups (256 arrivals). Rows, masking, the epilogue and the producer are
 // shared (mla_decode_sm90.cuh, mla_decode_sm90_wgmma.cuh): the stages are TMA-filled and
 // 128-byte swizzled at page_size >= 8, cp.async-filled and interleaved below.
 #pragma once
@@ -59,14 +63,53 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
   static constexpr int kOffP = kOffKv + kStages * kStageBytes;
   static constexpr int kOffXchg = kOffP + kPBytes;            // hand-over: m[64], factor[64]
   static constexpr int kOffRed = kOffXchg + 2 * kRows * 4;    // epilogue row sums (row_totals)
-  static constexpr int kOffBar = kOffRed + T::kRedBytes;      // full[2], empty[2], q_full, q_empty
-  static constexpr int kOffQBar = kOffBar + 2 * kStages * 8;
+  // A TMA stage is three parts, each with its own full and empty barrier: the RoPE column block
+  // (K only: free once the owner's QK is done) and the two 256-column halves of V (free once
+  // that half's warpgroup has added the tile into O). The producer refills each part as soon
+  // as it is free, and QK starts on the first part that lands. cp.async stages are one part.
+  static constexpr int kParts = Tma ? 3 : 1;
+  static constexpr int kPartRope = 0;                         // part 1 + h: V half h (column blocks 4h .. 4h + 3)
+  static constexpr int kOffBar = kOffRed + T::kRedBytes;      // full[stage][part], empty[stage][part], q_full, q_empty
+  static constexpr int kOffQBar = kOffBar + 2 * kStages * kParts * 8;
   static constexpr int kSmemBytes = kOffQBar + (kQTma ? 2 * 8 : 0);
 
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
   static_assert(kOffKv % 1024 == 0 && kStageBytes % 1024 == 0 && kOffP % 128 == 0, "aligned operands (128-byte swizzle atoms: 1 KB)");
   static_assert(!Tma || PageSize >= 8, "TMA stages: page_size >= 8");
+  static_assert(!Tma || T::kRowBytes / kSwBytes == 9, "TMA parts: 9 column blocks, V's 512 columns in the first 8");
 };
+
+// The producer warp's TMA copies of the tile of BN virtual tokens from tok0 into the stage at
+// stage_addr, part by part in the order QK reads them (the RoPE block, V's halves 0 and 1;
+// qk_issue_parts): each waits for its own release, then posts its
+// bytes on its own full barrier (bar_full / bar_empty: the stage's part 0 barrier; part p is
+// 8 p bytes on). Pages past kv_tok_end are not looked up; a part is at most 8 pages x 4
+// column blocks, one box per lane.
+template <class C>
+__device__ __forceinline__ void produce_tile_parts(uint32_t stage_addr, uint32_t bar_full, uint32_t bar_empty,
+                                                   uint32_t empty_parity, const void* map, const PageTable& page_table,
+                                                   int tok0, int kv_tok_end, int lane, bool& bad_page) {
+  static_assert(C::BN / C::kTmaRows * 4 <= 32, "a part's boxes fit the warp's lanes");
+  const int pages = (min(C::BN, kv_tok_end - tok0) + C::kTmaRows - 1) / C::kTmaRows;
+  int page_row = 0;
+  if (lane < pages) page_row = static_cast<int>(kv_pool_row<C>(page_table, tok0 + lane * C::kTmaRows, bad_page));
+  AITER_MLA_STAMP(kProduceIssue);
+#pragma unroll
+  for (int part = 0; part < 3; ++part) {
+    const int log2_blocks = part == C::kPartRope ? 0 : 2;   // column blocks: 1 or 4
+    const int blk0 = part == C::kPartRope ? 8 : 4 * (part - 1);
+    wg::mbar_wait(bar_empty + part * 8, empty_parity);
+    AITER_MLA_STAMP(kProduceWait);
+    if (lane == 0) wg::mbar_arrive_expect_tx(bar_full + part * 8, (pages << log2_blocks) * C::kTmaBoxBytes);
+    __syncwarp();
+    const int pg = lane >> log2_blocks, blk = blk0 + (lane & ((1 << log2_blocks) - 1));
+    const int row = __shfl_sync(0xffffffffu, page_row, pg & 31);
+    if (pg < pages)
+      wg::tma_load_box(stage_addr + blk * (C::BN * C::kSwBytes) + pg * C::kTmaBoxBytes, map, blk * C::kSwBytes, row,
+                       bar_full + part * 8);
+    AITER_MLA_STAMP(kProduceIssue);
+  }
+}
 
 // The hand-over barriers: 9 + w = "warpgroup w's P, max and factor are written" (256 threads:
 // w arrives, the other waits). 1..4 pair_sync, 5-6 wg_sync, 7 consumer_sync, 8 q_issued.
@@ -77,15 +120,34 @@ __device__ __forceinline__ void handover_wait(int from) {
   asm volatile("bar.sync %0, 256;\n" ::"r"(9 + from) : "memory");
 }
 
-// Issues S = Q . K^T of the tile at k_addr over all 576 dims: 36 k-steps, one commit group.
-template <class C>
-__device__ __forceinline__ void qk_issue(float (&s)[8][4], uint32_t q_addr, uint32_t k_addr) {
+// Issues S = Q . K^T of the tile at k_addr over all 576 dims in the order of the stage's parts:
+// the RoPE block, then V's halves 0 and 1 (the order produce_tile_parts fills them). Each part
+// is waited for (wait_part(part)) just before its k-steps, so the MMAs start on the first part
+// that lands, and is its own commit group (ptxas serialises the wgmmas when a wait loop sits
+// inside a group). cp.async stages are one part (wait_part(0) each time) and run the same
+// order, so the sums do not depend on the page size. Between the second and the third group
+// `between()` runs: the caller waits there for its PV issued before QK (wgmma_wait<2>) and
+// releases that stage's part without waiting for this tile's last part.
+template <class C, class WaitPart, class Between>
+__device__ __forceinline__ void qk_issue_parts(float (&s)[8][4], uint32_t q_addr, uint32_t k_addr,
+                                               WaitPart wait_part, Between between) {
   wg::fence_operands(s);
+  wait_part(0);
   wg::wgmma_fence();
-  wg::wgmma_qk<false, 0>(s, wg::q_desc<C>(q_addr, 0), wg::k_desc<C>(k_addr, 0));
+  wg::wgmma_qk<false, 0>(s, wg::q_desc<C>(q_addr, 32), wg::k_desc<C>(k_addr, 32));
 #pragma unroll
-  for (int kk = 1; kk < C::kKSteps; ++kk) wg::wgmma_qk<false, 1>(s, wg::q_desc<C>(q_addr, kk), wg::k_desc<C>(k_addr, kk));
+  for (int kk = 33; kk < 36; ++kk) wg::wgmma_qk<false, 1>(s, wg::q_desc<C>(q_addr, kk), wg::k_desc<C>(k_addr, kk));
   wg::wgmma_commit();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (h == 1) between();
+    wait_part(C::kParts > 1 ? 1 + h : 0);
+    wg::wgmma_fence();
+#pragma unroll
+    for (int kk = 16 * h; kk < 16 * h + 16; ++kk)
+      wg::wgmma_qk<false, 1>(s, wg::q_desc<C>(q_addr, kk), wg::k_desc<C>(k_addr, kk));
+    wg::wgmma_commit();
+  }
   wg::fence_operands(s);
 }
 
