@@ -1,8 +1,8 @@
 // The wave64 primitives the AMD decode kernel (templates/mla_decode_amd.cu.j2) uses, on the
 // device: one fp8 MFMA, one fp32 -> fp8 pack, a cross-lane permute, the workgroup barrier.
 // The kernel text calls nothing else that is AMD-specific (LDS is a plain byte array), so the
-// CPU emulator defines these same names for its
-// threads, one per lane, and runs the same rendered kernel text (docs/DESIGN.md §10).
+// CPU emulator (op_tests/mla_decode_amd_host_emu.cpp) defines these same names for its threads,
+// one per lane, and runs the same rendered kernel text (docs/DESIGN.md §10.3).
 //
 // Lane layouts of V_MFMA_F32_16X16X32_FP8_FP8 (AMD Instinct MI300 "CDNA3" ISA reference guide,
 // chapter "Matrix Arithmetic Instructions", its dependent-lane layout of this opcode; the same
