@@ -12,7 +12,9 @@ import functools
 
 from . import env
 
-#: Every arch a template may be rendered for. Only sm_90a is built, run and measured here.
+#: Every arch a template may be rendered for. Only sm_90a is built, run and measured here;
+#: gfx942's decode compiles with clang-19 and its logic runs in a CPU emulation
+#: (docs/DESIGN.md §10), never on AMD hardware.
 ARCHS = ("sm_90a", "gfx942", "gfx950")
 NVIDIA_ARCHS = ("sm_90a",)
 AMD_ARCHS = ("gfx942", "gfx950")
@@ -67,18 +69,48 @@ def tile_rows(num_heads: int, max_seqlen_q: int) -> int:
 FEW_ROWS = 32
 
 
-def occupancy(num_heads: int, max_seqlen_q: int) -> int:
-    """Work lists per multiprocessor: 2 for the m16x4 tile (heads x qlen == 64) when
-    ``AITER_ENABLE_EXPERIMENTAL`` is non-zero (AITER #3072 / #3391
-    ``get_mla_decode_fwd_occupancy``); 2 for the padded shapes of at most ``FEW_ROWS`` rows
-    ((16,1), (32,1), (16,2); ours, not AITER's: their fp8 loop runs a work list per consumer
-    warpgroup, and the other loops run the second list as a second CTA); else 1."""
+def occupancy(num_heads: int, max_seqlen_q: int, *, target: str = "sm_90a") -> int:
+    """Work lists per multiprocessor (CU) on ``target``: 2 for the m16x4 tile (heads x qlen ==
+    64) when ``AITER_ENABLE_EXPERIMENTAL`` is non-zero (AITER #3072 / #3391
+    ``get_mla_decode_fwd_occupancy``; on AMD only gfx950 has that tile); on sm_90a also 2 for
+    the padded shapes of at most ``FEW_ROWS`` rows ((16,1), (32,1), (16,2); ours, not AITER's:
+    their fp8 loop runs a work list per consumer warpgroup, and the other loops run the second
+    list as a second CTA); else 1. ValueError for a ``target`` not in ``ARCHS``."""
+    _check_target(target)
     rows = num_heads * max_seqlen_q
+    if target in AMD_ARCHS:
+        return 2 if target == "gfx950" and rows <= 64 and is_experimental_enabled() else 1
     if rows <= FEW_ROWS:
         return 2
     if rows == 64 and is_experimental_enabled():
         return 2
     return 1
+
+
+def _check_target(target) -> None:
+    if target not in ARCHS:
+        raise ValueError(f"target must be one of {', '.join(ARCHS)}, got {target!r}")
+
+
+#: Rows of AMD's decode tiles (templates/mla_decode_amd.cu.j2): m16x8 (8 waves of 16 rows)
+#: and, gfx950 with ``AITER_ENABLE_EXPERIMENTAL`` only, m16x4 (4 waves, two workgroups a CU).
+AMD_TILE_ROWS = (128, 64)
+
+
+def amd_tile_rows(num_heads: int, max_seqlen_q: int, target: str) -> int:
+    """Rows of the AMD decode tile for a shape on ``target`` (gfx942 / gfx950): 64 (m16x4) on
+    gfx950 when heads x qlen <= 64 and ``AITER_ENABLE_EXPERIMENTAL`` is non-zero, else 128
+    (m16x8; fewer rows run padded). Raises :func:`tile_rows`' errors, ValueError for a target
+    that is not AMD and NotImplementedError past 128 rows (AITER's HK kernels stop there)."""
+    tile_rows(num_heads, max_seqlen_q)   # the argument checks
+    if target not in AMD_ARCHS:
+        raise ValueError(f"target must be one of {', '.join(AMD_ARCHS)}, got {target!r}")
+    rows = num_heads * max_seqlen_q
+    if rows > AMD_TILE_ROWS[0]:
+        raise NotImplementedError(
+            f"(num_heads, max_seqlen_q) = ({num_heads}, {max_seqlen_q}): {rows} rows; the AMD "
+            f"decode kernel runs at most {AMD_TILE_ROWS[0]} rows (heads x qlen)")
+    return 64 if occupancy(num_heads, max_seqlen_q, target=target) == 2 else 128
 
 
 @functools.lru_cache(maxsize=None)
@@ -113,23 +145,29 @@ def num_cu(device=None) -> int:
     return _device_multiprocessors(index)
 
 
-def ctas_per_work(num_heads: int, max_seqlen_q: int) -> int:
-    """CTAs (multiprocessors) one work occupies at once: one per 64-row block of its tile, all
-    on the same KV (2 for the 128-row tile, 32 at 2048 rows)."""
+def ctas_per_work(num_heads: int, max_seqlen_q: int, *, target: str = "sm_90a") -> int:
+    """CTAs (multiprocessors) one work occupies at once: on sm_90a one per 64-row block of its
+    tile, all on the same KV (2 for the 128-row tile, 32 at 2048 rows); on AMD 1 (one
+    workgroup holds the work's rows, :func:`amd_tile_rows`)."""
+    if target in AMD_ARCHS:
+        amd_tile_rows(num_heads, max_seqlen_q, target)   # its checks
+        return 1
     return tile_rows(num_heads, max_seqlen_q) // 64
 
 
 def num_clusters(num_heads: int, max_seqlen_q: int, num_heads_k: int = 1, device=None, *,
-                 cu: int | None = None) -> int:
+                 cu: int | None = None, target: str = "sm_90a") -> int:
     """Number of persistent work lists: ``num_CU x occupancy / (ctas_per_work x num_heads_k)``,
     num_CU = ``cu`` when given (planning for a GPU that is not here), else :func:`num_cu`.
 
     Source: AITER ``get_mla_metadata_v1_2_device`` (#3072): num_CU x occupancy / num_heads_k.
     Ours divides by ``ctas_per_work`` too: a 128-row work runs on two CTAs at once, so an H200
     holds 66 of them, not 132 (and 33 of a 256-row work's four) (with 132 lists, every batch below 132 was split and the reduce
-    cost 24 us of 266 at fp8 (128,1) b64 ctx 8192; docs/perf/notes.md change 13). Raises
-    TypeError when an argument is not an int, ValueError for ``num_heads_k < 1`` or ``cu < 1``,
-    and :func:`tile_rows`' errors for an unsupported shape.
+    cost 24 us of 266 at fp8 (128,1) b64 ctx 8192; docs/perf/notes.md change 13). ``target``:
+    the arch the decode runs on; on gfx942 / gfx950 a work is one workgroup, so num_CU lists
+    (AITER's grid), 2 x num_CU for gfx950's experimental m16x4. Raises TypeError when an
+    argument is not an int, ValueError for ``num_heads_k < 1``, ``cu < 1`` or an unknown
+    target, and :func:`tile_rows`' / :func:`amd_tile_rows`' errors for an unsupported shape.
     """
     for name, value in (("num_heads", num_heads), ("max_seqlen_q", max_seqlen_q), ("num_heads_k", num_heads_k),
                         ("cu", 1 if cu is None else cu)):
@@ -139,8 +177,10 @@ def num_clusters(num_heads: int, max_seqlen_q: int, num_heads_k: int = 1, device
         raise ValueError(f"num_heads_k must be >= 1, got {num_heads_k}")
     if cu is not None and cu < 1:
         raise ValueError(f"cu must be >= 1, got {cu}")
-    lists = (num_cu(device) if cu is None else cu) * occupancy(num_heads, max_seqlen_q)
-    return max(1, lists // (ctas_per_work(num_heads, max_seqlen_q) * num_heads_k))
+    _check_target(target)
+    per_work = ctas_per_work(num_heads, max_seqlen_q, target=target)   # checks the shape first
+    lists = (num_cu(device) if cu is None else cu) * occupancy(num_heads, max_seqlen_q, target=target)
+    return max(1, lists // (per_work * num_heads_k))
 
 
 def current_arch() -> str:

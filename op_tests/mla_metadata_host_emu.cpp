@@ -10,34 +10,13 @@
 #include <thread>
 #include <vector>
 
+#include "host_emu_barrier.h"
+
 #define AITER_MLA_HOST_EMU 1
 
 namespace emu {
 
 constexpr int kWarp = 32;
-
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lk(m_);
-    const long gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lk, [&] { return gen_ != gen; });
-    }
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  const int n_;
-  int count_ = 0;
-  long gen_ = 0;
-};
 
 struct Block {
   explicit Block(int nthreads) : nthreads(nthreads), block(nthreads), slots(nthreads) {

@@ -185,15 +185,24 @@ def test_missing_template_and_syntax_error(tmp_path):
 
 
 @pytest.mark.parametrize("params,needle", [
-    (dict(mainloop="tile_pairs", block_n=32), "block_n=32 is not allowed; allowed: 64"),
-    (dict(mainloop="alternating", q_dtype="bf16", kv_dtype="bf16", block_n=32), "block_n=32 is not allowed"),
+    (dict(mainloop="tile_pairs", block_n=32), "block_n 32 is gfx942's"),
+    (dict(mainloop="alternating", q_dtype="bf16", kv_dtype="bf16", block_n=32), "block_n 32 is gfx942's"),
     (dict(q_dtype="fp8", kv_dtype="bf16", mainloop="alternating"), "must be equal"),
     (dict(q_dtype="bf16", kv_dtype="fp8", mainloop="alternating"), "must be equal"),
     (dict(q_dtype="bf16", kv_dtype="bf16", mainloop="tile_pairs"), "fp8 only"),
     (dict(q_dtype="bf16", kv_dtype="bf16", mainloop="warpgroup_works"), "fp8 only"),
     (dict(mainloop="warpgroup_works", block_m=128), "at most 32 rows"),
     (dict(mainloop="alternating"), "bf16 only"),
-    (dict(mainloop="wgmma_ot"), "allowed: 'tile_pairs', 'warpgroup_works', 'alternating'"),
+    (dict(mainloop="wgmma_ot"), "allowed: 'tile_pairs', 'warpgroup_works', 'alternating', 'mfma'"),
+    (dict(mainloop="mfma"), "mainloop mfma is the AMD kernel's"),
+    (dict(q_dtype="fp8_fnuz", kv_dtype="fp8_fnuz"), "fp8_fnuz .* is gfx942's"),
+    # the AMD kernel (templates/mla_decode_amd.cu.j2)
+    (dict(arch="gfx942", block_m=128, block_n=32, q_dtype="fp8_fnuz", kv_dtype="fp8_fnuz"), "runs mainloop mfma"),
+    (dict(arch="gfx942", block_m=128, mainloop="mfma", q_dtype="fp8_fnuz", kv_dtype="fp8_fnuz"), "gfx942 runs block_n 32"),
+    (dict(arch="gfx942", block_m=128, block_n=32, mainloop="mfma"), "MFMA reads e4m3fnuz"),
+    (dict(arch="gfx942", block_n=32, mainloop="mfma", q_dtype="fp8_fnuz", kv_dtype="fp8_fnuz"), "128-row works"),
+    (dict(arch="gfx950", block_m=192, mainloop="mfma"), "128-row .* or 64-row"),
+    (dict(arch="gfx950", mainloop="mfma", q_dtype="bf16", kv_dtype="bf16"), "fp8 .* only"),
 ])
 def test_decode_combinations_without_a_kernel_are_refused_before_compiling(params, needle):
     """What the decode template would reject with #error is refused by the config first."""

@@ -251,7 +251,7 @@ def _variants(args, cfg) -> list[tuple[str, dict]]:
     # excluded combination (e.g. mainloop=tile_pairs into a bf16 default) is skipped with a note,
     # and only when every one is refused does the first refusal become the error.
     out, seen, refused = [], set(), []
-    for d in m.default_variants:
+    for d in m.defaults_for(given.get("arch")):
         v = {**d, **given}
         ident = tuple(sorted(v.items()))
         if ident in seen:

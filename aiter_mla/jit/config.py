@@ -93,6 +93,15 @@ class ModuleConfig:
     #: (when, why) pairs: a variant matching every item of ``when`` cannot be built.
     exclude: tuple[tuple[dict, str], ...] = ()   # (parameter -> matching values, why)
 
+    def defaults_for(self, arch: str | None) -> tuple[dict, ...]:
+        """The default variants a build for ``arch`` starts from: the module's own defaults for
+        ``arch`` when it lists some (mla_decode lists gfx942 and gfx950 ones), else those of its
+        first arch (sm_90a), into which the caller substitutes ``arch``. ``arch`` None: the
+        first arch's. Raises nothing."""
+        first = self.params["arch"][0] if self.params.get("arch") else None
+        own = tuple(v for v in self.default_variants if arch is not None and v.get("arch") == arch)
+        return own or tuple(v for v in self.default_variants if v.get("arch", first) == first)
+
     def check_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """Return ``params`` sorted by name after checking every parameter is given, known
         and allowed. Raises :class:`ParamError` listing the allowed values."""

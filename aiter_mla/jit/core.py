@@ -521,8 +521,9 @@ def _load(name: str, params: dict) -> Module:
 
 def build_all(arch: str | None = None, include_experimental: bool | None = None,
               modules: list[str] | None = None) -> list[tuple[str, dict]]:
-    """The variants ``jit build --all`` builds: every module's ``default_variants``, with
-    ``arch`` substituted when given (modules that do not allow it are left out). Experimental
+    """The variants ``jit build --all`` builds: every module's ``default_variants`` for
+    ``arch`` (``ModuleConfig.defaults_for``: its own defaults for that arch, else the first
+    arch's with ``arch`` substituted; modules that do not allow it are left out). Experimental
     modules are left out unless ``AITER_ENABLE_EXPERIMENTAL`` is non-zero (or
     ``include_experimental``)."""
     cfg = load_config()
@@ -535,7 +536,7 @@ def build_all(arch: str | None = None, include_experimental: bool | None = None,
         if m.experimental and not include_experimental and modules is None:
             continue
         seen = set()
-        for v in m.default_variants:
+        for v in m.defaults_for(arch):
             v = dict(v)
             if arch is not None:
                 if arch not in m.params["arch"]:

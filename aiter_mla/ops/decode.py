@@ -153,8 +153,9 @@ def _require_int(name: str, value) -> int:
 
 
 def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: torch.dtype,
-                   kv_dtype: torch.dtype) -> dict:
-    """The ``mla_decode`` template parameters for a problem shape (the JIT variant).
+                   kv_dtype: torch.dtype, *, target: str = "sm_90a") -> dict:
+    """The ``mla_decode`` template parameters for a problem shape (the JIT variant) on
+    ``target`` (sm_90a; gfx942 / gfx950: :func:`amd_decode_variant`).
 
     Returns a dict for ``aiter_mla.jit.get_module("mla_decode", **params)``: arch sm_90a,
     block_m = ``arch.tile_rows`` (64, 128, ..., 2048), page_size, block_n 64, mask ``causal`` when max_seqlen_q > 1 else
@@ -165,6 +166,8 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
     max_seqlen_q is < 1, and NotImplementedError (listing what is supported) for any other
     shape, dtype pair or page size.
     """
+    if target != "sm_90a":
+        return amd_decode_variant(num_heads, max_seqlen_q, page_size, q_dtype, kv_dtype, target=target)
     num_heads = _require_int("num_heads", num_heads)
     max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
     page_size = _require_int("page_size", page_size)
@@ -192,6 +195,42 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
                 mainloop=mainloop_for(dt, num_heads * max_seqlen_q))
 
 
+#: The fp8 torch dtype each AMD target's decode reads (its MFMA's encoding) -> template name.
+AMD_FP8 = {"gfx942": (torch.float8_e4m3fnuz, "fp8_fnuz"), "gfx950": (torch.float8_e4m3fn, "fp8")}
+
+
+def amd_decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: torch.dtype,
+                       kv_dtype: torch.dtype, *, target: str) -> dict:
+    """The ``mla_decode`` template parameters on AMD ``target`` (gfx942 / gfx950;
+    templates/mla_decode_amd.cu.j2): block_m = ``arch.amd_tile_rows`` (128 = m16x8, or 64 =
+    m16x4 on gfx950 under ``AITER_ENABLE_EXPERIMENTAL``), block_n 32 (gfx942) / 64 (gfx950),
+    mask ``causal`` when max_seqlen_q > 1, dtypes ``AMD_FP8[target]`` (q and kv
+    torch.float8_e4m3fnuz on gfx942, torch.float8_e4m3fn on gfx950), mainloop ``mfma``.
+
+    Raises ValueError for an unknown target or num_heads / max_seqlen_q < 1, TypeError for a
+    non-int or non-dtype argument, NotImplementedError for more than 128 rows, another dtype
+    or a page size that is not a power of two in 1..256.
+    """
+    if target not in AMD_FP8:
+        raise ValueError(f"target must be one of sm_90a, {', '.join(AMD_FP8)}, got {target!r}")
+    num_heads = _require_int("num_heads", num_heads)
+    max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
+    page_size = _require_int("page_size", page_size)
+    block_m = arch.amd_tile_rows(num_heads, max_seqlen_q, target)
+    want, name = AMD_FP8[target]
+    for arg, dt in (("q_dtype", q_dtype), ("kv_dtype", kv_dtype)):
+        if not isinstance(dt, torch.dtype):
+            raise TypeError(f"{arg} must be a torch.dtype ({want}), got {dt!r} ({type(dt).__name__})")
+        if dt != want:
+            raise NotImplementedError(f"mla decode on {target}: {arg} must be {want} (the fp8 its "
+                                      f"MFMA reads), got {dt}")
+    if not (1 <= page_size <= 256 and page_size & (page_size - 1) == 0):
+        raise NotImplementedError(
+            f"mla decode on {target}: page_size must be a power of two in 1..256, got {page_size}")
+    return dict(arch=target, block_m=block_m, page_size=page_size, block_n=32 if target == "gfx942" else 64,
+                mask="causal" if max_seqlen_q > 1 else "none", q_dtype=name, kv_dtype=name, mainloop="mfma")
+
+
 def launch_grid_x(params: dict, clusters: int) -> int:
     """grid.x of the decode launch for a variant ``params`` and ``clusters`` work lists.
 
@@ -201,7 +240,7 @@ def launch_grid_x(params: dict, clusters: int) -> int:
     KV from L2, since ``arch.num_clusters`` gives those shapes num_cu / 2 lists (FlashMLA sizes
     its grid the same way: num_sm_parts = num_sms / m_blocks). ``warpgroup_works`` launches
     ceil(clusters / 2): CTA x runs clusters 2x and 2x + 1 (+ 2 grid_x, ...), one per consumer
-    warpgroup.
+    warpgroup. The AMD kernel (``mfma``) runs one workgroup per cluster, as AITER's grid.
 
     Args: ``params`` a ``decode_variant`` dict; ``clusters`` >= 1 (``arch.num_clusters``).
     Returns an int in [1, clusters]. Raises KeyError when ``params`` lacks mainloop / block_m,

@@ -1,0 +1,151 @@
+"""The AMD decode kernel (templates/mla_decode_amd.cu.j2) as CPU CI can check it: every gfx942
+default variant compiled by Debian's clang-19 and read back from its disassembly, gfx950
+rendered (built only where a ROCm >= 6.4 hipcc exists), and the cluster counts the op layer
+derives for AMD targets. Its logic runs in test_mla_decode_amd_emu.py; nothing here runs on
+AMD hardware.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiter_mla import arch
+from aiter_mla.jit import core
+from aiter_mla.jit.config import load_config, templates_dir
+from aiter_mla.jit.render import render
+from aiter_mla.ops import decode, metadata
+
+HAS_CLANG19 = bool(shutil.which("clang-19")) and bool(shutil.which("llvm-objdump-19"))
+
+#: The stated scratch bound: the kernel spills nothing (private segment 0 bytes, no scratch_*
+#: instruction). It held 500 bytes while the register bound was left at 1024 threads.
+SCRATCH_BYTES_MAX = 0
+
+
+def _defaults(target: str) -> list[dict]:
+    m = load_config().modules["mla_decode"]
+    return [dict(v) for v in m.defaults_for(target) if v["arch"] == target]
+
+
+def _mfmas_expected(v: dict) -> int:
+    """MFMAs one tile issues, unrolled: S^T (block_n / 16 tiles x 18 K steps of 32 dims) and
+    O^T (block_n / 32 K steps x 32 tiles of 16 columns)."""
+    return v["block_n"] // 16 * (576 // 32) + v["block_n"] // 32 * (512 // 16)
+
+
+def _notes(path: Path) -> dict[str, int]:
+    """The kernel descriptor fields of a code object (llvm-readelf --notes)."""
+    out = subprocess.run(["llvm-readelf-19", "--notes", str(path)], capture_output=True, text=True,
+                         check=True).stdout
+    return {k: int(v) for k, v in re.findall(r"\.(\w+):\s+(\d+)\s*$", out, re.M)}
+
+
+@pytest.fixture
+def clang_jit(jit_clean, tmp_path, monkeypatch):
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "no-rocm"))   # force the clang-19 path
+    if Path("/opt/rocm/bin/hipcc").exists() or shutil.which("hipcc"):
+        pytest.skip("ROCm is installed: gfx942 builds a loadable module with hipcc instead")
+    return tmp_path / "cache"
+
+
+@pytest.mark.skipif(not HAS_CLANG19, reason="clang-19 / llvm-objdump-19 not installed (apt-get "
+                                            "install clang-19 lld-19 llvm-19)")
+def test_every_gfx942_default_decode_compiles_to_mfma_without_scratch(clang_jit):
+    variants = _defaults("gfx942")
+    assert {(v["page_size"], v["mask"]) for v in variants} == {(1, "none"), (1, "causal"), (64, "none"),
+                                                                 (64, "causal")}
+    assert core.build_all(arch="gfx942", modules=["mla_decode"]) == [("mla_decode", v) for v in variants]
+    for v in variants:
+        r = core.build_variant("mla_decode", **v)
+        assert r.entry.artifact.name == "code.hsaco"
+        dis = subprocess.run(["llvm-objdump-19", "-d", str(r.entry.artifact)], capture_output=True,
+                             text=True, check=True).stdout
+        mfma = re.findall(r"^\s+(v_mfma_\w+)", dis, re.M)
+        assert mfma and set(mfma) == {"v_mfma_f32_16x16x32_fp8_fp8"}, (v, set(mfma))
+        assert len(mfma) == _mfmas_expected(v) == 68, (v, len(mfma))
+        assert "v_cvt_pk_fp8_f32" in dis and "ds_bpermute_b32" in dis and "s_barrier" in dis, v
+        notes = _notes(r.entry.artifact)
+        assert notes["private_segment_fixed_size"] <= SCRATCH_BYTES_MAX, (v, notes)
+        assert not re.search(r"^\s+scratch_", dis, re.M), v
+        assert notes["group_segment_fixed_size"] == 32 * 576 + 512 * 32, (v, notes)   # K rows + V^T
+        assert notes["max_flat_workgroup_size"] == 512 and notes["vgpr_count"] <= 256, (v, notes)
+
+
+def _rocm_hipcc_version() -> tuple[int, int] | None:
+    hipcc = shutil.which("hipcc") or ("/opt/rocm/bin/hipcc" if os.path.exists("/opt/rocm/bin/hipcc") else None)
+    if hipcc is None:
+        return None
+    out = subprocess.run([hipcc, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"HIP version: (\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def test_gfx950_defaults_render_to_the_mfma_kernel():
+    m = load_config().modules["mla_decode"]
+    variants = _defaults("gfx950")
+    assert {v["block_m"] for v in variants} == {128, 64} and {v["block_n"] for v in variants} == {64}
+    for v in variants:
+        text = render(m, v, templates_dir()).text
+        assert "#error" not in text, v
+        assert "constexpr bool kFp8Fnuz = false;" in text and f"constexpr int kRows = {v['block_m']};" in text
+        assert "constexpr int kBlockN = 64;" in text
+    text = render(m, _defaults("gfx942")[0], templates_dir()).text
+    assert "constexpr bool kFp8Fnuz = true;" in text and "constexpr int kBlockN = 32;" in text
+
+
+@pytest.mark.skipif((_rocm_hipcc_version() or (0, 0)) < (6, 4),
+                    reason="gfx950 builds with ROCm >= 6.4's hipcc; Debian's clang-19 does not know gfx950")
+def test_gfx950_defaults_build_with_rocm(jit_clean, tmp_path, monkeypatch):
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(tmp_path / "cache"))
+    for v in _defaults("gfx950"):
+        r = core.build_variant("mla_decode", **v)
+        assert r.entry.loadable, v
+
+
+@pytest.mark.parametrize("target,heads,qlen,experimental,block_m,clusters", [
+    ("gfx942", 128, 1, "0", 128, 304),   # AITER's MI30x grid: one workgroup a work, num_CU lists
+    ("gfx942", 16, 8, "1", 128, 304),
+    ("gfx942", 16, 4, "1", 128, 304),    # gfx942 has no m16x4: 64 rows run padded on m16x8
+    ("gfx950", 64, 1, "0", 128, 256),
+    ("gfx950", 64, 1, "1", 64, 512),     # m16x4 at occupancy 2: 2 x num_CU lists
+    ("gfx950", 16, 8, "1", 128, 256),
+])
+def test_amd_variant_clusters_buffers_and_grid_agree(monkeypatch, target, heads, qlen, experimental,
+                                                      block_m, clusters):
+    """One cluster count (arch.num_clusters with the target) sizes the metadata buffers, and
+    the decode launch runs one workgroup per cluster."""
+    monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", experimental)
+    cu = 304 if target == "gfx942" else 256
+    dt = decode.AMD_FP8[target][0]
+    v = decode.decode_variant(heads, qlen, 64, dt, dt, target=target)
+    assert v["block_m"] == block_m and v["mainloop"] == "mfma"
+    load_config().modules["mla_decode"].check_params(v)
+    nc = arch.num_clusters(heads, qlen, cu=cu, target=target)
+    assert nc == clusters
+    specs = metadata._buffer_specs(8, nc)
+    assert specs[1][0] == (nc + 1,)   # work_indptr: one entry per cluster + 1
+    assert decode.launch_grid_x(v, nc) == nc
+
+
+def test_amd_variant_refuses_what_the_kernel_does_not_run(monkeypatch):
+    monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", "1")
+    fnuz, fn = torch.float8_e4m3fnuz, torch.float8_e4m3fn
+    with pytest.raises(NotImplementedError, match="q_dtype must be torch.float8_e4m3fnuz"):
+        decode.decode_variant(128, 1, 64, fn, fn, target="gfx942")
+    with pytest.raises(NotImplementedError, match="kv_dtype must be torch.float8_e4m3fn"):
+        decode.decode_variant(128, 1, 64, fn, fnuz, target="gfx950")
+    with pytest.raises(NotImplementedError, match="at most 128 rows"):
+        decode.decode_variant(128, 2, 64, fnuz, fnuz, target="gfx942")
+    with pytest.raises(NotImplementedError, match="page_size must be a power of two"):
+        decode.decode_variant(128, 1, 48, fnuz, fnuz, target="gfx942")
+    with pytest.raises(ValueError, match="target must be one of"):
+        decode.decode_variant(128, 1, 64, fnuz, fnuz, target="gfx90a")
+    with pytest.raises(ValueError, match="target must be one of"):
+        arch.num_clusters(128, 1, cu=304, target="gfx90a")
