@@ -102,11 +102,21 @@ def test_fp8_rounding_matches_torch(tmp):
             assert (math.isnan(want) and math.isnan(got)) or got == want, (dtype, v, got, want)
         mids = (finite.sort().values[:-1] + finite.sort().values[1:]) / 2   # ties: round to even
         xs = torch.cat([finite, mids, torch.randn(3000, generator=gen) * 60, torch.rand(500, generator=gen) * 1e-2,
-                        torch.tensor([250.0, 247.9, 248.0, 300.0, 460.0, 470.0, -1e6, 2.0 ** -12])])
+                        torch.tensor([250.0, 247.9, 248.0, 300.0, 460.0, 2.0 ** -12])])
+        # torch's overflow rule varies by version (the CPU build saturates e4m3fn, torch 2.11
+        # makes NaN), so torch is the reference only within the encoding's range; the
+        # emulator's own overflow rule (the kernel never meets it: it converts P in [0, 1]) is
+        # asserted as documented in mla_decode_amd_host_emu.cpp
+        top = finite.abs().max().item()
+        xs = xs[xs.abs() <= top]
         want = xs.to(dtype).view(torch.uint8)
         got = torch.tensor([emu.lib.emu_float_to_fp8(float(x), is_fnuz) for x in xs], dtype=torch.uint8)
         bad = (got != want).nonzero().flatten()
         assert bad.numel() == 0, [(xs[i].item(), int(got[i]), int(want[i])) for i in bad[:8]]
+        for x in (2 * top, 1e6, -1e6):
+            code = emu.lib.emu_float_to_fp8(x, is_fnuz)
+            expect = 0x80 if is_fnuz else (0x7E | (0x80 if x < 0 else 0))
+            assert code == expect, (dtype, x, code, expect)
 
 
 def _random_fp8(shape, gen, scale=1.0):
