@@ -189,6 +189,12 @@ def current_arch() -> str:
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device is visible; pass arch= explicitly (e.g. 'sm_90a')")
+    if getattr(torch.version, "hip", None):   # a ROCm build: torch.cuda is the HIP device
+        name = str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "gcnArchName", "?"))
+        raise RuntimeError(
+            f"AMD GPU {name}: the ops launch on sm_90a only. gfx942 / gfx950 decode variants render "
+            f"and compile (aiter-mla jit build mla_decode --arch gfx942) and their logic is checked "
+            f"in a CPU emulation, but the ops do not plan or launch them (docs/DESIGN.md §10)")
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) == (9, 0):
         return "sm_90a"

@@ -149,3 +149,21 @@ def test_amd_variant_refuses_what_the_kernel_does_not_run(monkeypatch):
         decode.decode_variant(128, 1, 64, fnuz, fnuz, target="gfx90a")
     with pytest.raises(ValueError, match="target must be one of"):
         arch.num_clusters(128, 1, cu=304, target="gfx90a")
+
+
+def test_ops_on_a_rocm_device_refuse_with_what_exists(monkeypatch):
+    """On a ROCm build of torch the ops do not launch the AMD decode yet: current_arch says so,
+    names the GPU and points at what does exist, rather than a CUDA compute-capability error."""
+    import types
+
+    import torch
+
+    from aiter_mla import arch
+
+    monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(gcnArchName="gfx942:sramecc+:xnack-"))
+    with pytest.raises(RuntimeError, match=r"AMD GPU gfx942:sramecc\+:xnack-: the ops launch on sm_90a only.*--arch gfx942"):
+        arch.current_arch()
