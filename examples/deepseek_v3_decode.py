@@ -308,7 +308,15 @@ def main(argv=None) -> int:
         print("deepseek_v3_decode: needs Hugging Face transformers (pip install transformers)",
               file=sys.stderr)
         return 2
-    res = run(args.dtype, args.page_size, args.steps, wrong_scale=args.wrong_scale, backend=args.backend)
+    ps = args.page_size
+    if ps < 1 or ps > 256 or ps & (ps - 1):
+        print(f"deepseek_v3_decode: --page-size must be a power of two in 1..256, got {ps}", file=sys.stderr)
+        return 2
+    if args.backend == "aiter" and not torch.cuda.is_available():
+        print("deepseek_v3_decode: --backend aiter needs a CUDA GPU (sm_90a); none is visible "
+              "(--backend reference runs the float64 reference on the CPU)", file=sys.stderr)
+        return 2
+    res = run(args.dtype, ps, args.steps, wrong_scale=args.wrong_scale, backend=args.backend)
     worst = max(res["max_rel_l2_per_layer"])
     ok = worst <= TOLERANCE[args.dtype] and (tokens_agree(res) or args.dtype == "fp8")
     print(json.dumps({k: v for k, v in res.items() if k != "rel_l2"}))

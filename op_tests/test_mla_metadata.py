@@ -651,6 +651,10 @@ def test_metadata_cli_dump(capsys):
     rc = main(["metadata", "--batch", "2", "--ctx", "100", "--heads", "16", "--qlen", "17",
                "--page-size", "64", "--clusters", "8"])
     assert rc != 0   # q length 17: past the kernels' 16
+    for bad in (512, 48, 0):   # the kernels' page sizes are the powers of two 1..256
+        rc = main(["metadata", "--batch", "2", "--ctx", "100", "--page-size", str(bad), "--clusters", "8"])
+        err = capsys.readouterr().err
+        assert rc != 0 and f"--page-size must be a power of two in 1..256" in err and f"got {bad}" in err, err
 
 
 def test_metadata_cli_default_clusters_follow_occupancy(capsys, monkeypatch):

@@ -51,7 +51,7 @@ def register(subparsers) -> None:
         _add_param_arg(p)
         if name == "build":
             p.add_argument("--all", action="store_true",
-                           help="every module's default variants (experimental ones only when "
+                           help="every module's default variants for --arch (default sm_90a; experimental ones only when "
                                 "AITER_ENABLE_EXPERIMENTAL is non-zero)")
             p.add_argument("--from-file", metavar="FILE",
                            help="the variants FILE lists, one a line: MODULE K=V ... with every "

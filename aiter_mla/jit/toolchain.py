@@ -267,7 +267,7 @@ def find_compiler(arch: str, identity_dir: Path | None) -> Compiler:
     if arch == "gfx950" and (major is None or major < 20):
         raise ToolchainError(
             f"gfx950 needs a newer toolchain than clang {major} at {clang} (LLVM added gfx950 "
-            f"in clang 20): install ROCm 6.3+ (hipcc; set ROCM_PATH or AITER_MLA_HIPCC) or "
+            f"in clang 20): install ROCm 6.4+ (hipcc; set ROCM_PATH or AITER_MLA_HIPCC) or "
             f"set AITER_MLA_CLANG to clang 20 or newer"
         )
     return Compiler("clang", clang, version)

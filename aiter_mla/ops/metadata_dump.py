@@ -60,6 +60,8 @@ def build(args):
         raise ValueError(f"--batch must be in [0, {MAX_BATCH}] (the schedule is planned by the CPU "
                          f"reference in Python: 10**6 requests take ~6 s and ~0.9 GB), got {args.batch}")
     ps = args.page_size
+    if ps < 1 or ps > 256 or ps & (ps - 1):
+        raise ValueError(f"--page-size must be a power of two in 1..256 (the decode kernels' page sizes), got {ps}")
     G = default_kv_granularity(ps) if args.kv_granularity is None else args.kv_granularity
     tokens = _lengths(args.ctx, args.batch, args.seed)
     qlens_cycle = _int_list(args.qlen, "qlen")
