@@ -51,6 +51,8 @@ struct WgmmaTile {
   // Bytes of a TMA stage's swizzle row (its column blocks are BN rows x kSwBytes): 64 here;
   // the alternating loop uses 128 (half the box rows per stage, for the TMA unit).
   static constexpr int kSwBytes = 64;
+  // Barrier pairs (full, empty) per KV stage: one; the alternating loop's TMA stages have three.
+  static constexpr int kParts = 1;
   static_assert(BN == 64, "the warpgroup main loops run block_n 64 (N = 32 keys per warpgroup)");
 };
 
