@@ -24,6 +24,19 @@
 
 #define AITER_MLA_HOST_EMU 1
 #define AMD_MLA_DEVICE inline
+// What the kernel text shares with sm_90a (aiter_mla_errors.cuh, mla_decode_checks.inc.j2) is
+// written with CUDA / HIP qualifiers and device functions: their host meanings.
+#define __device__
+#define __forceinline__ inline
+template <class T>
+inline T __ldg(const T* p) { return *p; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned atomicCAS(unsigned* address, unsigned compare, unsigned val) {
+  __atomic_compare_exchange_n(address, &compare, val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return compare;
+}
+inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 struct float4 {
   float x, y, z, w;
@@ -202,22 +215,33 @@ void run_group(int nthreads, Fn fn) {
 }  // namespace
 
 // Decode as aiter_mla_decode launches it, host pointers: workgroups 0 .. grid_x - 1 run one after
-// another (they share nothing). Returns 0, or 1 for invalid arguments.
+// another (they share nothing). error_claim: 2 words, error_record: 2 x 4 int64 words (the
+// error record of aiter_mla/ops/errors.py, zeroed by the caller). Returns 0, or 1 for invalid
+// arguments.
 extern "C" int emu_decode(const void* q, const void* kv, const void* kv_indices, int64_t kv_indices_len,
-                          int64_t num_pages, const void* kv_last_page_lens, const void* work_indptr,
+                          int64_t num_pages, const void* kv_last_page_lens, const void* qo_indptr,
+                          const void* kv_indptr, const void* work_indptr, int64_t work_indptr_len,
                           const void* work_info, int64_t num_works, int64_t split_tokens, int num_batches,
                           int total_q, int max_seqlen_q, void* out, void* final_lse, void* split_out,
                           void* split_lse, const void* q_scale, const void* kv_scale, float sm_scale,
-                          int num_heads, int num_clusters, int grid_x, int mutation) {
+                          int num_heads, int num_clusters, int grid_x, void* error_claim, void* error_record,
+                          int mutation) {
   if (grid_x < 1 || grid_x > num_clusters || num_heads < 1 || num_pages < 1) return 1;
+  if (work_indptr_len < num_clusters + 1 || num_batches < 1) return 1;   // as aiter_mla_decode
   amd_mla::Params p;
   p.q = static_cast<const uint8_t*>(q);
   p.kv = static_cast<const uint8_t*>(kv);
   p.kv_indices = static_cast<const int*>(kv_indices);
   p.kv_indices_len = kv_indices_len;
   p.num_pages = static_cast<unsigned>(num_pages);
+  p.sink.claim = static_cast<unsigned*>(error_claim);
+  p.sink.record = static_cast<volatile long long*>(error_record);
+  p.sink.first_schedule_code = amd_mla::kFirstScheduleError;
   p.kv_last_page_lens = static_cast<const int*>(kv_last_page_lens);
+  p.qo_indptr = static_cast<const int*>(qo_indptr);
+  p.kv_indptr = static_cast<const int*>(kv_indptr);
   p.work_indptr = static_cast<const int*>(work_indptr);
+  p.work_indptr_len = work_indptr_len;
   p.work_info = static_cast<const int*>(work_info);
   p.num_works = num_works;
   p.split_tokens = split_tokens;

@@ -7,7 +7,9 @@ show is in docs/DESIGN.md §10.3.
 Checked: one emulated MFMA against a plain matrix product under the ISA's lane layouts; the
 e4m3fnuz / e4m3fn rounding against torch's conversion; small decodes with both masks, page 1 and
 64, split works (partial rows and LSE as the reduce reads them), an empty row; unused KV slots
-hold NaN. A mutation (lanes 0 and 1 of the MFMA's A layout swapped) must make them fail.
+hold NaN. A mutation (lanes 0 and 1 of the MFMA's A layout swapped) must make them fail. Bad
+index values (a page id, the batch layout, a work record) land in the error record as on sm_90a
+and are never read through.
 """
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ from aiter_mla.jit.config import load_config, templates_dir
 from aiter_mla.jit.render import render
 from aiter_mla.ops import metadata as md
 from aiter_mla.ops.metadata_reference import reference_schedule, to_buffers
+from aiter_mla.ops.errors import _MESSAGES
 from aiter_mla.reference import reduce_ref, relative_l2, split_reference
+from aiter_mla.work_info import DEVICE_ERRORS, ERROR_SLOT_WORDS, ERROR_SLOTS, WI
 
 HARNESS = Path(__file__).with_name("mla_decode_amd_host_emu.cpp")
 FNUZ = torch.float8_e4m3fnuz
@@ -40,8 +44,8 @@ class Emulator:
         self.lib = ctypes.CDLL(str(lib))
         self.lib.emu_decode.restype = ctypes.c_int
         P, I64, I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        self.lib.emu_decode.argtypes = [P, P, P, I64, I64, P, P, P, I64, I64, I, I, I, P, P, P, P, P, P,
-                                        ctypes.c_float, I, I, I, I]
+        self.lib.emu_decode.argtypes = [P, P, P, I64, I64, P, P, P, P, I64, P, I64, I64, I, I, I, P, P, P, P, P, P,
+                                        ctypes.c_float, I, I, I, P, P, I]
         self.lib.emu_mfma.argtypes = [P, P, P, P, I, I]
         self.lib.emu_mfma.restype = None
         self.lib.emu_float_to_fp8.argtypes = [ctypes.c_float, I]
@@ -182,7 +186,11 @@ def schedule(case, clusters):
     return bufs
 
 
-def run_emulated(emu, case, bufs, *, clusters, grid_x, sm_scale, q_scale=1.0, kv_scale=1.0, mutation=0):
+def run_emulated(emu, case, bufs, *, clusters, grid_x, sm_scale, q_scale=1.0, kv_scale=1.0, mutation=0,
+                 record=None):
+    """The emulated decode's (out, final_lse, split_out, split_lse), float64. ``record``: None
+    (the error record must stay clear), or an int64 tensor of ERROR_SLOTS x ERROR_SLOT_WORDS
+    zeros that receives it."""
     _, work_indptr, work_info, _, _, partial_map = bufs
     H, qlen = case["heads"], case["qlen"]
     total_q = case["q"].shape[0]
@@ -192,14 +200,21 @@ def run_emulated(emu, case, bufs, *, clusters, grid_x, sm_scale, q_scale=1.0, kv
     split_out = torch.full((split_tokens, H, 512), float("nan"))
     split_lse = torch.full((split_tokens, H), float("nan"))
     qs, ks = torch.tensor([q_scale]), torch.tensor([kv_scale])
+    claim = torch.zeros(ERROR_SLOTS, dtype=torch.int32)
+    must_stay_clear = record is None
+    if must_stay_clear:
+        record = torch.zeros(ERROR_SLOTS * ERROR_SLOT_WORDS, dtype=torch.int64)
     rc = emu.lib.emu_decode(
         case["q"].view(torch.uint8).data_ptr(), case["kv"].view(torch.uint8).data_ptr(),
         case["kv_indices"].data_ptr(), case["kv_indices"].numel(), case["kv"].shape[0],
-        case["kv_last_page_lens"].data_ptr(), work_indptr.data_ptr(), work_info.data_ptr(), work_info.shape[0],
+        case["kv_last_page_lens"].data_ptr(), case["qo_indptr"].data_ptr(), case["kv_indptr"].data_ptr(),
+        work_indptr.data_ptr(), work_indptr.numel(), work_info.data_ptr(), work_info.shape[0],
         split_tokens, case["qo_indptr"].numel() - 1, total_q, qlen, out.data_ptr(), final_lse.data_ptr(),
         split_out.data_ptr(), split_lse.data_ptr(), qs.data_ptr(), ks.data_ptr(), sm_scale, H, clusters,
-        grid_x, mutation)
+        grid_x, claim.data_ptr(), record.data_ptr(), mutation)
     assert rc == 0
+    if must_stay_clear:   # valid inputs: nothing reported
+        assert not record.any(), f"error record written for valid inputs: {record.tolist()}"
     return out.view(torch.bfloat16).double(), final_lse.double(), split_out.double(), split_lse.double()
 
 
@@ -273,3 +288,90 @@ def test_a_swapped_lane_fails_the_decode(tmp):
     *_, (out_err, lse_err, out_tol, lse_tol) = _run_case(tmp, name, page_size, mask, heads, qlen, kv_lens, clusters,
                                                          mutation=1)
     assert out_err > out_tol or lse_err > lse_tol, (out_err, out_tol, lse_err)
+
+
+# ---------------------------------------------------------------------------------------------
+# bad index values: reported in the error record as on sm_90a, never read through
+
+
+def _record_slots(record):
+    """The error record's slots as (code name, index, value, bound), None where clear."""
+    slots = []
+    for s in range(ERROR_SLOTS):
+        code, index, value, bound = (int(x) for x in record[s * ERROR_SLOT_WORDS:(s + 1) * ERROR_SLOT_WORDS])
+        slots.append(None if code == 0 else (DEVICE_ERRORS[code - 1], index, value, bound))
+    return slots
+
+
+def _final_rows(bufs, got):
+    """The final output rows: the decode's own, with split tiles merged (reduce_ref)."""
+    out, final_lse, split_out, split_lse = got
+    _, _, _, reduce_indptr, final_map, partial_map = bufs
+    return reduce_ref(split_out, split_lse, reduce_indptr, final_map, partial_map, out.clone(), final_lse.clone())
+
+
+def _bad_input_run(tmp, corrupt):
+    """CASES[0] (page 64, split works, an empty batch) with ``corrupt(case, bufs)`` applied after
+    the schedule was planned: (clean final rows, corrupted final rows, error record slots), rows
+    as (out, lse) of :func:`_final_rows`."""
+    name, page_size, mask, heads, qlen, kv_lens, clusters = CASES[0]
+    emu = emulator_for(gfx942(page_size, mask), tmp)
+    case = make_case(heads=heads, qlen=qlen, kv_lens=kv_lens, page_size=page_size, seed=len(name))
+    bufs = schedule(case, clusters)
+    kw = dict(clusters=clusters, grid_x=clusters - 1, sm_scale=1.0 / math.sqrt(576))
+    clean = run_emulated(emu, case, bufs, **kw)
+    corrupt(case, bufs)
+    record = torch.zeros(ERROR_SLOTS * ERROR_SLOT_WORDS, dtype=torch.int64)
+    got = run_emulated(emu, case, bufs, record=record, **kw)
+    return _final_rows(bufs, clean), _final_rows(bufs, got), _record_slots(record)
+
+
+def test_bad_page_id_is_reported_and_not_read(tmp):
+    """A page id past the pool in batch 0's pages: the record names its position, value and the
+    pool size (the op's DeviceIndexError message), the page reads as zeros (no NaN, no access),
+    and batch 2, which does not use it, is unchanged."""
+    pos = {}
+
+    def corrupt(case, bufs):
+        pos["k"], pos["pages"] = 1, case["kv"].shape[0]
+        case["kv_indices"][1] = pos["pages"] + 7
+
+    clean, got, slots = _bad_input_run(tmp, corrupt)
+    assert slots == [("kv_index", pos["k"], pos["pages"] + 7, pos["pages"]), None], slots
+    text = _MESSAGES["kv_index"].format(index=pos["k"], value=pos["pages"] + 7, bound=pos["pages"])
+    assert text.startswith(f"kv_indices[{pos['k']}] = {pos['pages'] + 7}"), text
+    out, clean_out = got[0], clean[0]
+    assert torch.isfinite(out[0]).all(), "the bad page leaked NaN into batch 0"
+    assert not torch.equal(out[0], clean_out[0]), "batch 0 read its bad page as if it were good"
+    assert torch.equal(out[2], clean_out[2]) and torch.equal(got[1][2], clean[1][2])
+
+
+@pytest.mark.parametrize("field,value,want", [
+    ("kv_last_page_lens", (0, 0), ("last_page_len", 0, 0, 64)),      # batch 0 has pages: 1..64
+    ("qo_indptr", (3, 2), ("qo_indptr_end", 3, 2, 3)),              # the last entry != q rows (3)
+    ("kv_indptr", (0, 1), ("kv_indptr_start", 0, 1, 0)),
+])
+def test_bad_batch_layout_is_reported(tmp, field, value, want):
+    """A bad batch-layout entry goes to slot 0 with the same (code, index, value, bound) as on
+    sm_90a (mla_decode_checks.inc.j2 is one text for both)."""
+    def corrupt(case, bufs):
+        case[field][value[0]] = value[1]
+
+    *_, slots = _bad_input_run(tmp, corrupt)
+    assert slots[0] == want, slots
+
+
+def test_bad_work_record_is_reported_and_skipped(tmp):
+    """A work record whose batch is out of range: slot 1 (the schedule's slot) names the record;
+    the work is skipped, so its rows stay unwritten (NaN), and the other works run as before."""
+    w = {}
+
+    def corrupt(case, bufs):
+        work_info = bufs[2]
+        w["i"] = int((work_info[:int(bufs[1][-1]), WI["batch_idx"]] == 2).nonzero()[0])   # batch 2's work
+        work_info[w["i"], WI["batch_idx"]] = 99
+
+    clean, got, slots = _bad_input_run(tmp, corrupt)
+    assert slots == [None, ("work_batch", w["i"], 99, 3)], slots
+    assert torch.isnan(got[0][2]).all(), "the skipped work's rows were written"
+    assert torch.equal(got[0][1], clean[0][1])

@@ -105,6 +105,13 @@ __device__ __forceinline__ void __threadfence() { __builtin_amdgcn_fence(__ATOMI
 __device__ __forceinline__ void __threadfence_block() {
   __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "workgroup");
 }
+__device__ __forceinline__ void __threadfence_system() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, ""); }
+// HIP's atomicCAS: the old value (the exchange writes it into `compare` when it fails).
+__device__ __forceinline__ unsigned atomicCAS(unsigned* address, unsigned compare, unsigned val) {
+  __hip_atomic_compare_exchange_strong(address, &compare, val, __ATOMIC_RELAXED, __ATOMIC_RELAXED,
+                                       __HIP_MEMORY_SCOPE_AGENT);
+  return compare;
+}
 
 // Vector types (plain aligned structs: enough to type-check and generate code).
 #define AITER_MLA_VEC2(T, N) struct alignas(2 * sizeof(T)) N { T x, y; };
