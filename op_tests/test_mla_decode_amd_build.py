@@ -78,6 +78,21 @@ def test_every_gfx942_default_decode_compiles_to_mfma_without_scratch(clang_jit)
         assert notes["max_flat_workgroup_size"] == 512 and notes["vgpr_count"] <= 256, (v, notes)
 
 
+@pytest.mark.skipif(not HAS_CLANG19, reason="clang-19 / llvm-objdump-19 not installed (apt-get "
+                                            "install clang-19 lld-19 llvm-19)")
+@pytest.mark.parametrize("module,params,threads", [
+    ("mla_reduce", dict(arch="gfx942", out_dtype="bf16"), 8 * 64),   # kWarps x wave64
+    ("mla_metadata", dict(arch="gfx942"), 1024),                     # MD_THREADS
+])
+def test_gfx942_kernels_keep_their_thread_bound(clang_jit, module, params, threads):
+    """A kernel's __launch_bounds__ reaches the code object as its flat workgroup size (clang
+    ignores CUDA's attribute on AMDGPU, which compiled every kernel for 1024 threads and its
+    register budget)."""
+    r = core.build_variant(module, **params)
+    assert r.entry.artifact.name == "code.hsaco"
+    assert _notes(r.entry.artifact)["max_flat_workgroup_size"] == threads
+
+
 def _rocm_hipcc_version() -> tuple[int, int] | None:
     hipcc = shutil.which("hipcc") or ("/opt/rocm/bin/hipcc" if os.path.exists("/opt/rocm/bin/hipcc") else None)
     if hipcc is None:

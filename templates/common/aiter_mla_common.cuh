@@ -52,7 +52,11 @@ typedef hipStream_t cudaStream_t;
 #define __constant__ __attribute__((constant))
 #define __forceinline__ inline __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
-#define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+// HIP's meaning of the thread bound (clang ignores CUDA's launch_bounds attribute on AMDGPU,
+// which left every kernel compiled for 1024-thread workgroups and their register budget); the
+// second argument (CUDA's minimum blocks per SM, which HIP maps to waves per EU) is not mapped.
+#define AITER_MLA_FIRST_ARG(n, ...) n
+#define __launch_bounds__(...) __attribute__((amdgpu_flat_work_group_size(1, AITER_MLA_FIRST_ARG(__VA_ARGS__, 0))))
 #define __align__(n) __attribute__((aligned(n)))
 
 struct dim3 {
