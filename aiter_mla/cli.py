@@ -13,9 +13,12 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .version import __version__
+
     parser = argparse.ArgumentParser(
         prog="aiter-mla", description="JIT-compiled MLA decode kernels: build, inspect, benchmark"
     )
+    parser.add_argument("--version", action="version", version=f"aiter-mla {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     from .jit import commands as jit_commands
     from .ops import metadata_dump

@@ -58,3 +58,13 @@ def test_bad_values_never_give_a_traceback(path, opt, tmp_path, monkeypatch, cap
         out = capsys.readouterr()
         assert "Traceback" not in out.err + out.out, (argv, out.err[-1500:])
         assert rc in (0, 1, 2, None), (argv, rc)
+
+
+def test_version(capsys):
+    """``aiter-mla --version`` prints the package version and exits 0."""
+    from aiter_mla.version import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"aiter-mla {__version__}"
