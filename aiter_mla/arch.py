@@ -134,7 +134,8 @@ def num_cu(device=None) -> int:
     if not torch.cuda.is_available():
         raise RuntimeError(
             "no CUDA device is visible and CU_NUM is unset: set CU_NUM to the multiprocessor "
-            "count to plan for (132 on an H200)"
+            "(CU) count to plan for (132 on an H200; for an AMD target 304 on an MI300X, 256 on an "
+            "MI355X)"
         )
     if device is None:
         index = torch.cuda.current_device()
