@@ -1012,7 +1012,7 @@ def test_dtype_arguments_are_the_kernels_dtypes(monkeypatch):
         md.get_mla_metadata_info_v1(2, 1, 16, torch.float32, None)
     with pytest.raises(TypeError, match="kv_dtype must be a torch.dtype"):
         md.get_mla_metadata_info_v1(2, 1, 16, None, "fp8")
-    bufs = alloc(md.get_mla_metadata_info_v1(2, 1, 16, torch.bfloat16, torch.float8_e4m3fn))
+    bufs = alloc(md.get_mla_metadata_info_v1(2, 1, 16, torch.bfloat16, torch.bfloat16))
     i32 = dict(dtype=torch.int32)
     args = (torch.tensor([0, 1, 2], **i32), torch.tensor([0, 2, 3], **i32), torch.tensor([3, 3], **i32), 16, 1,
             True, bufs[0], bufs[2], bufs[1], bufs[3], bufs[4], bufs[5])  # AITER's order: info_set, indptr
