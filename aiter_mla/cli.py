@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     except Exception as exc:  # every failure exits non-zero with a one-line reason
         reason = str(exc) or type(exc).__name__ + (" (out of memory)" if isinstance(exc, MemoryError) else "")
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "torch":
+            reason += " (this command needs PyTorch: pip install torch)"
         reason += _cache_root_hint(exc)
         print(f"aiter-mla {args.command}: error: {reason}", file=sys.stderr)
         return 1

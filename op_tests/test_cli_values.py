@@ -68,3 +68,16 @@ def test_version(capsys):
         cli.main(["--version"])
     assert exc.value.code == 0
     assert capsys.readouterr().out.strip() == f"aiter-mla {__version__}"
+
+
+def test_a_missing_torch_is_named_with_the_fix(monkeypatch, capsys):
+    """A command that needs PyTorch, run without it: the one-line error says to install it."""
+    from aiter_mla import env
+
+    def no_torch():
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(env, "check_values", no_torch)
+    assert cli.main(["metadata", "--batch", "2", "--ctx", "64"]) == 1
+    assert capsys.readouterr().err.strip() == ("aiter-mla metadata: error: No module named 'torch' (this "
+                                               "command needs PyTorch: pip install torch)")

@@ -174,3 +174,13 @@ def test_reference_scheduler_does_not_import_the_code_it_checks():
 def test_find_cycle_reports_one():
     assert find_cycle({"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b": 1}, "b": {}, "c": {"b": 2}}) is None
+
+
+def test_dir_lists_each_name_once():
+    """dir(aiter_mla) after a lazy op was used: every name once (the fresh-user trial saw each
+    used op twice)."""
+    import aiter_mla
+
+    aiter_mla.mla_decode_fwd   # noqa: B018 (loads the lazy attribute)
+    names = dir(aiter_mla)
+    assert len(names) == len(set(names)) and "mla_decode_fwd" in names

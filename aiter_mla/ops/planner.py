@@ -64,8 +64,10 @@ class MlaDecodePlanner:
         self.max_num_pages = _positive_int("max_num_pages", max_num_pages)
         self.page_size = _positive_int("page_size", page_size)
         self.max_seqlen_q = _positive_int("max_seqlen_q", max_seqlen_q)
-        if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not (
-                math.isfinite(sm_scale) and sm_scale > 0):
+        if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+            raise TypeError(f"MlaDecodePlanner: sm_scale must be a float, got {type(sm_scale).__name__} "
+                            f"{sm_scale!r}")
+        if not (math.isfinite(sm_scale) and sm_scale > 0):
             raise ValueError(f"MlaDecodePlanner: sm_scale must be a finite float > 0, got {sm_scale!r}")
         self.sm_scale = float(sm_scale)
         if dtype not in decode.SUPPORTED_DTYPES:
