@@ -267,3 +267,16 @@ def test_list_with_a_missing_template_lists_and_exits_1(fake_jit, capsys, monkey
     assert main(["jit", "list", "--json"]) == 1
     mods = json.loads(capsys.readouterr().out)["modules"]
     assert mods and not any(m["template_exists"] for m in mods)
+
+
+def test_list_variants_for_one_arch(jit_clean, private_cache, capsys):
+    """``jit list --variants --arch A`` prints exactly what ``jit build --all --arch A`` builds
+    (every module's defaults retargeted), so its output feeds ``--from-file`` on a machine with
+    only that arch's toolchain (the fresh-user trial's full list failed on gfx950 lines)."""
+    from aiter_mla.jit.commands import variant_line
+
+    for a in ("sm_90a", "gfx942"):
+        assert main(["jit", "list", "--variants", "--arch", a]) == 0
+        lines = [ln.split("  #")[0] for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
+        want = [variant_line(m, v) for m, v in core.build_all(arch=a, include_experimental=True)]
+        assert sorted(lines) == sorted(want) and all(f"arch={a}" in ln for ln in lines), (a, lines)

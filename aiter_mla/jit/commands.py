@@ -41,6 +41,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--variants", action="store_true",
                    help="print the listed variants one a line, as 'jit build --from-file' reads them")
+    p.add_argument("--arch", choices=ARCHS, help="list only this arch's variants")
     _add_cache_dir_arg(p)
     p.set_defaults(func=cmd_list)
 
@@ -373,11 +374,17 @@ def cmd_list(args) -> int:
     st = core._get_state()
     listed = set()
     rows = []
+    # --arch: the variants 'jit build --all --arch' builds for it (every module's defaults
+    # retargeted), experimental ones included, as they are listed without --arch
+    retargeted = {}
+    if args.arch:
+        for mname, v in core.build_all(arch=args.arch, include_experimental=True):
+            retargeted.setdefault(mname, []).append(v)
     for name, m in cfg.modules.items():
         mod = {"module": name, "template": m.template, "experimental": m.experimental,
                "template_exists": (templates_dir() / m.template).is_file(),
                "params": {k: list(v) for k, v in m.params.items()}, "variants": []}
-        for v in m.default_variants:
+        for v in (retargeted.get(name, []) if args.arch else m.default_variants):
             status, detail = _cache_status(name, v)
             is_key = is_cache_key(detail)
             if is_key:  # its entry is this row, not an "extra" one
@@ -404,6 +411,10 @@ def cmd_list(args) -> int:
                 continue
             mod["variants"].append({"params": meta.get("params"), "default": False,
                                     "status": "cached", "key": e["key"], "note": None})
+    if args.arch:   # the cached extras of other archs out
+        for mod in rows:
+            mod["variants"] = [v for v in mod["variants"]
+                               if isinstance(v["params"], dict) and v["params"].get("arch") == args.arch]
     # a missing template is a failure (README: every command exits non-zero on one), listed anyway
     rc = 1 if any(not mod["template_exists"] for mod in rows) else 0
     if args.variants:
