@@ -1177,6 +1177,14 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
         aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last, 1, page_size=16)
     with pytest.raises(ValueError, match="query must be a CUDA tensor, got one on cpu"):
         aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, qo, 1, 0.1, o, o, o)
+    # a mistake besides the device is named first (the fresh-user trial, on a CPU machine, saw
+    # only the device message for a bad dtype, shape or page size)
+    with pytest.raises(NotImplementedError, match="q dtype torch.float32 with kv dtype torch.bfloat16"):
+        aiter_mla.mla_decode_fwd(q.float(), kv, o, qo, kvi, idx, last, 1, page_size=16)
+    with pytest.raises(NotImplementedError, match=r"\(num_heads, max_seqlen_q\) = \(16, 17\)"):
+        aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last, 17, page_size=16)
+    with pytest.raises(ValueError, match="page_size=8 does not match kv_buffer.shape"):
+        aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last, 1, page_size=8)
     # not a tensor at all: TypeError naming it, as hk_mla_decode_fwd and mla_reduce_v1 raise
     # (mla_decode_fwd raised ValueError for q=None)
     with pytest.raises(TypeError, match="q must be a torch.Tensor, got NoneType"):

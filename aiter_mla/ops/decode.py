@@ -807,7 +807,6 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
     if kv_buffer.shape[2] != 1:
         raise NotImplementedError(f"kv_buffer.shape[2] (KV heads) must be 1 (MLA has one latent KV head), "
                                   f"got {kv_buffer.shape[2]}")
-    _require_cuda("q", q)
     page_size = _require_int("page_size", page_size)
     max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
     if page_size != int(kv_buffer.shape[1]):
@@ -816,6 +815,7 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
     # Once per call: the variant (the plan's checks, the decode's checks and its launch use it)
     # and the work-list count (computed by the plan when there is one, else by the checks).
     params = decode_variant(num_heads, max_seqlen_q, page_size, q.dtype, kv_buffer.dtype)
+    _require_cuda("q", q)   # after the shape and dtype checks, which need no device
     device = q.device
     clusters = None
     if sm_scale is None:
