@@ -1,7 +1,8 @@
-"""The AMD decode kernel's logic, without AMD hardware: the rendered gfx942 kernel text of
-templates/mla_decode_amd.cu.j2, unmodified, runs on the CPU through mla_decode_amd_host_emu.cpp
-(one thread per lane; MFMA, fp8 pack, ds_bpermute and the barrier emulated), against the float64
-reference on the dequantized e4m3fnuz inputs (aiter_mla.reference). What the emulation cannot
+"""The AMD decode kernel's logic, without AMD hardware: the rendered gfx942 and gfx950 kernel
+text of templates/mla_decode_amd.cu.j2, unmodified, runs on the CPU through
+mla_decode_amd_host_emu.cpp (one thread per lane; MFMA, fp8 pack, ds_bpermute and the barrier
+emulated), against the float64 reference on the dequantized inputs (e4m3fnuz for gfx942, e4m3fn
+for gfx950; aiter_mla.reference). What the emulation cannot
 show is in docs/DESIGN.md §10.3.
 
 Checked: one emulated MFMA against a plain matrix product under the ISA's lane layouts; the
@@ -82,6 +83,16 @@ def gfx942(page_size: int, mask: str) -> dict:
                 kv_dtype="fp8_fnuz", mainloop="mfma")
 
 
+def gfx950(page_size: int, mask: str, block_m: int) -> dict:
+    """gfx950's variant: block_n 64, OCP e4m3fn, m16x8 (128) or m16x4 (64 rows)."""
+    return dict(arch="gfx950", block_m=block_m, page_size=page_size, block_n=64, mask=mask, q_dtype="fp8",
+                kv_dtype="fp8", mainloop="mfma")
+
+
+#: The torch dtype and the NaN code of each target's fp8 encoding.
+ENCODING = {"gfx942": (FNUZ, 0x80), "gfx950": (torch.float8_e4m3fn, 0x7F)}
+
+
 @pytest.fixture(scope="module")
 def tmp(tmp_path_factory):
     return tmp_path_factory.mktemp("amd_emu")
@@ -123,8 +134,8 @@ def test_fp8_rounding_matches_torch(tmp):
             assert code == expect, (dtype, x, code, expect)
 
 
-def _random_fp8(shape, gen, scale=1.0):
-    return (torch.randn(shape, generator=gen) * scale).to(FNUZ)
+def _random_fp8(shape, gen, scale=1.0, dtype=FNUZ):
+    return (torch.randn(shape, generator=gen) * scale).to(dtype)
 
 
 @pytest.mark.parametrize("mutation", [0, 1])
@@ -150,15 +161,17 @@ def test_one_mfma_is_the_matrix_product(tmp, mutation):
 # decodes
 
 
-def make_case(*, heads, qlen, kv_lens, page_size, seed, num_pages_spare=3):
-    """q [total_q, H, 576] and a paged pool [pages, page_size, 1, 576] in e4m3fnuz, its pages in a
-    shuffled order; every slot no batch uses holds NaN (0x80)."""
+def make_case(*, heads, qlen, kv_lens, page_size, seed, num_pages_spare=3, target="gfx942"):
+    """q [total_q, H, 576] and a paged pool [pages, page_size, 1, 576] in ``target``'s fp8
+    (e4m3fnuz on gfx942, e4m3fn on gfx950), its pages in a shuffled order; every slot no batch
+    uses holds that encoding's NaN."""
+    dtype, nan = ENCODING[target]
     gen = torch.Generator().manual_seed(seed)
     B = len(kv_lens)
-    q = _random_fp8((B * qlen, heads, 576), gen, 0.5)
+    q = _random_fp8((B * qlen, heads, 576), gen, 0.5, dtype)
     pages_of = [-(-n // page_size) for n in kv_lens]
     num_pages = sum(pages_of) + num_pages_spare
-    pool = torch.full((num_pages, page_size, 1, 576), 0x80, dtype=torch.uint8).view(FNUZ)
+    pool = torch.full((num_pages, page_size, 1, 576), nan, dtype=torch.uint8).view(dtype)
     order = torch.randperm(num_pages, generator=gen)
     kv_indices, kv_indptr, last = [], [0], []
     for b, n in enumerate(kv_lens):
@@ -166,7 +179,7 @@ def make_case(*, heads, qlen, kv_lens, page_size, seed, num_pages_spare=3):
             page = int(order[len(kv_indices)])
             kv_indices.append(page)
             used = min(page_size, n - i * page_size)
-            pool[page, :used] = _random_fp8((used, 1, 576), gen, 0.5)
+            pool[page, :used] = _random_fp8((used, 1, 576), gen, 0.5, dtype)
         kv_indptr.append(len(kv_indices))
         last.append(n - (pages_of[b] - 1) * page_size if n else 0)
     t = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
@@ -252,9 +265,11 @@ CASES = [
 ]
 
 
-def _run_case(tmp, name, page_size, mask, heads, qlen, kv_lens, clusters, mutation=0):
-    emu = emulator_for(gfx942(page_size, mask), tmp)
-    case = make_case(heads=heads, qlen=qlen, kv_lens=kv_lens, page_size=page_size, seed=len(name))
+def _run_case(tmp, name, page_size, mask, heads, qlen, kv_lens, clusters, mutation=0, variant=None):
+    variant = variant or gfx942(page_size, mask)
+    emu = emulator_for(variant, tmp)
+    case = make_case(heads=heads, qlen=qlen, kv_lens=kv_lens, page_size=page_size, seed=len(name),
+                     target=variant["arch"])
     bufs = schedule(case, clusters)
     sm_scale, q_scale, kv_scale = 1.0 / math.sqrt(576), 1.25, 0.75
     got = run_emulated(emu, case, bufs, clusters=clusters, grid_x=max(1, clusters - 1), sm_scale=sm_scale,
@@ -282,11 +297,47 @@ def test_emulated_decode_matches_float64(tmp, name, page_size, mask, heads, qlen
             assert torch.equal(out[rows], torch.zeros_like(out[rows])) and torch.isposinf(final_lse[rows]).all()
 
 
-def test_a_swapped_lane_fails_the_decode(tmp):
+#: gfx950 (MI355): block_n 64 (4 key groups and 2 PV steps a tile, against gfx942's 2 and 1),
+#: e4m3fn, the m16x8 tile and AITER's experimental m16x4 (4 waves). Not run on hardware either.
+GFX950_CASES = [
+    # (name, block_m, page_size, mask, heads, qlen, kv_lens, clusters)
+    ("gfx950-m16x4-page64-split", 64, 64, "none", 64, 1, [300, 0, 64], 4),      # 64 rows: m16x4's tile
+    ("gfx950-m16x4-page1-causal", 64, 1, "causal", 16, 4, [97, 2, 40], 3),      # q token 0 of batch 1 sees no key
+    ("gfx950-m16x8-page16-causal-split", 128, 16, "causal", 32, 4, [250, 33], 3),
+]
+
+
+@pytest.mark.parametrize("name,block_m,page_size,mask,heads,qlen,kv_lens,clusters", GFX950_CASES,
+                         ids=[c[0] for c in GFX950_CASES])
+def test_emulated_gfx950_decode_matches_float64(tmp, name, block_m, page_size, mask, heads, qlen, kv_lens,
+                                               clusters):
+    """The gfx950 variants' text (block_n 64, both tiles) run in the emulation with e4m3fn inputs,
+    against float64 on the dequantized inputs, with the error record clear."""
+    variant = gfx950(page_size, mask, block_m)
+    case, bufs, got, (out_err, lse_err, out_tol, lse_tol) = _run_case(
+        tmp, name, page_size, mask, heads, qlen, kv_lens, clusters, variant=variant)
+    assert case["q"].dtype == torch.float8_e4m3fn
+    assert out_err <= out_tol and lse_err <= lse_tol, (name, out_err, out_tol, lse_err)
+    work_info = bufs[2][:int(bufs[1][-1])]
+    assert bool((work_info[:, 1] >= 0).any()) == ("split" in name), name
+    out, final_lse = got[0], got[1]
+    for b, n in enumerate(kv_lens):
+        if n < qlen:   # batch b's q token 0 sees no key (causal, or an empty batch): output 0, LSE +inf
+            t = b * qlen
+            assert torch.equal(out[t], torch.zeros_like(out[t])) and torch.isposinf(final_lse[t]).all(), (name, b)
+
+
+@pytest.mark.parametrize("target", ["gfx942", "gfx950"])
+def test_a_swapped_lane_fails_the_decode(tmp, target):
     """Lanes 0 and 1 of the emulated A layout swapped: the decode no longer matches float64."""
-    name, page_size, mask, heads, qlen, kv_lens, clusters = CASES[2]
+    if target == "gfx942":
+        name, page_size, mask, heads, qlen, kv_lens, clusters = CASES[2]
+        variant = None
+    else:
+        name, block_m, page_size, mask, heads, qlen, kv_lens, clusters = GFX950_CASES[0]
+        variant = gfx950(page_size, mask, block_m)
     *_, (out_err, lse_err, out_tol, lse_tol) = _run_case(tmp, name, page_size, mask, heads, qlen, kv_lens, clusters,
-                                                         mutation=1)
+                                                         mutation=1, variant=variant)
     assert out_err > out_tol or lse_err > lse_tol, (out_err, out_tol, lse_err)
 
 
