@@ -632,17 +632,11 @@ def test_op_argument_checks(monkeypatch):
         call_op(big_heads, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
     # uni_seqlen_qo alone is enough
     call_op(alloc(info), qo, kv, lpl, page_size=16, uni_seqlen_qo=1)
-    # dtypes: a pair the decode takes, or None (the fresh-user trial planned fp8 q with bf16 KV)
+    # dtypes are recorded only: AITER's callers plan bf16 q with fp8 KV (the decode refuses that
+    # pair itself), so planning takes it, with the same buffers as any pair
     fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
-    md.get_mla_metadata_info_v1(2, 1, 16, fp8, fp8)
-    call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, dtype_q=bf16, dtype_kv=bf16)
-    call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, dtype_q=fp8)
-    with pytest.raises(ValueError, match=r"q_dtype and kv_dtype must be equal .*got torch.float8_e4m3fn and "
-                                         r"torch.bfloat16"):
-        md.get_mla_metadata_info_v1(2, 1, 16, fp8, bf16)
-    with pytest.raises(ValueError, match=r"dtype_q and dtype_kv must be equal .*got torch.bfloat16 and "
-                                         r"torch.float8_e4m3fn"):
-        call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, dtype_q=bf16, dtype_kv=fp8)
+    assert md.get_mla_metadata_info_v1(2, 1, 16, bf16, fp8) == md.get_mla_metadata_info_v1(2, 1, 16, fp8, fp8)
+    call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, dtype_q=bf16, dtype_kv=fp8)
 
 
 def test_default_kv_granularity():

@@ -375,10 +375,10 @@ def cmd_list(args) -> int:
     listed = set()
     rows = []
     # --arch: the variants 'jit build --all --arch' builds for it (every module's defaults
-    # retargeted), experimental ones included, as they are listed without --arch
+    # retargeted; experimental modules as AITER_ENABLE_EXPERIMENTAL says)
     retargeted = {}
     if args.arch:
-        for mname, v in core.build_all(arch=args.arch, include_experimental=True):
+        for mname, v in core.build_all(arch=args.arch):
             retargeted.setdefault(mname, []).append(v)
     for name, m in cfg.modules.items():
         mod = {"module": name, "template": m.template, "experimental": m.experimental,

@@ -259,7 +259,8 @@ def launch_grid_x(params: dict, clusters: int) -> int:
 
 
 def _require_cuda(name: str, t) -> None:
-    """The first check of an op: everything after it (capture state, planning) needs CUDA."""
+    """The device check of an op, before anything that needs CUDA (capture state, planning);
+    checks that need no device may come first (mla_decode_fwd's shapes and dtypes)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_cuda:

@@ -128,8 +128,9 @@ def _kernel_dtypes() -> frozenset:
 
 def _check_dtype_args(**dtypes) -> None:
     """Each given dtype is None or one the decode kernels take (``work_info.KERNEL_DTYPES``,
-    the dtypes of ``decode.SUPPORTED_DTYPES``), and the given ones are equal (the decode's
-    pairs). TypeError for a non-dtype, ValueError otherwise."""
+    the dtypes of ``decode.SUPPORTED_DTYPES``): TypeError for a non-dtype, ValueError otherwise.
+    A pair the decode does not take (fp8 with bf16) passes: the schedule does not depend on the
+    dtypes, AITER's callers plan bf16 q with fp8 KV, and the decode refuses the pair itself."""
     import torch
 
     for name, dtype in dtypes.items():
@@ -141,11 +142,6 @@ def _check_dtype_args(**dtypes) -> None:
         if dtype not in _kernel_dtypes():
             raise ValueError(f"{name} must be torch.float8_e4m3fn or torch.bfloat16 (the dtypes "
                              f"the decode kernels take) or None, got {dtype}")
-    given = {name: dtype for name, dtype in dtypes.items() if dtype is not None}
-    if len(set(given.values())) > 1:   # the decode takes fp8/fp8 or bf16/bf16 only
-        (qn, qd), (kn, kd) = given.items()
-        raise ValueError(f"{qn} and {kn} must be equal (both torch.float8_e4m3fn or both "
-                         f"torch.bfloat16, the pairs the decode takes), got {qd} and {kd}")
 
 
 def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype,
@@ -173,9 +169,8 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     docstring and tighter than AITER's only where AITER over-counts qo tiles.
     Raises NotImplementedError for ``is_sparse``, ``intra_batch_mode``, ``fast_mode=False`` or
     more than 128 heads or a q length over 16 (so more than 2048 rows a tile); ValueError for a negative batch size, one whose work indices
-    would not fit int32, non-positive lengths, or a dtype pair the decode does not take
-    (``q_dtype`` != ``kv_dtype``; TypeError for a non-dtype);
-    RuntimeError when no GPU is visible and ``CU_NUM`` is unset.
+    would not fit int32, non-positive lengths, or a dtype no decode kernel takes (TypeError
+    for a non-dtype); RuntimeError when no GPU is visible and ``CU_NUM`` is unset.
     """
     _unsupported_modes(is_sparse=is_sparse, fast_mode=fast_mode,
                        intra_batch_mode=intra_batch_mode)
@@ -345,8 +340,7 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     size 1). ``kv_granularity``: pages per cost block (power of two; the decode op passes
     :func:`default_kv_granularity`). ``max_seqlen_qo`` (or ``uni_seqlen_qo`` when it is -1)
     must be given: reading it from ``qo_indptr`` would need a host sync. ``is_causal`` is
-    accepted and unused (as in AITER's v1_2). ``dtype_q``/``dtype_kv`` are recorded only, and
-    must be a pair the decode takes (equal) when both are given.
+    accepted and unused (as in AITER's v1_2). ``dtype_q``/``dtype_kv`` are recorded only.
 
     On a CUDA device: one launch of the JIT kernel on the current stream; no host
     synchronisation, so it can be captured in a CUDA graph. The host checks only shapes,
