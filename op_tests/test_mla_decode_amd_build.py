@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,62 @@ def test_gfx942_kernels_keep_their_thread_bound(clang_jit):
     r = core.build_variant("mla_reduce", arch="gfx942", out_dtype="bf16")
     assert r.entry.artifact.name == "code.hsaco"
     assert _notes(r.entry.artifact)["max_flat_workgroup_size"] == 8 * 64
+
+
+def _zig_clang_wrapper(folder: Path) -> Path | None:
+    """A clang >= 20 that knows gfx950, as ``AITER_MLA_CLANG`` takes it: the ziglang package's
+    clang (upstream LLVM; ``.ci/run`` installs it) behind a script that adds its builtin headers
+    and puts Debian's lld-19 where clang's AMDGPU driver looks for ``lld``. None when either is
+    missing."""
+    try:
+        import ziglang
+    except ImportError:
+        return None
+    lld = shutil.which("lld-19")
+    if lld is None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "lld").symlink_to(lld)
+    include = Path(ziglang.__file__).parent / "lib" / "include"
+    script = folder / "clang-zig"
+    script.write_text(f'#!/bin/sh\nPATH="{folder}:$PATH" exec "{sys.executable}" -m ziglang clang '
+                      f'-isystem "{include}" "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.skipif(not shutil.which("llvm-readelf-19"), reason="llvm-readelf-19 not installed (apt-get install llvm-19)")
+def test_every_gfx950_default_decode_compiles_without_scratch(clang_jit, tmp_path, monkeypatch):
+    """gfx950 (MI355) built, not only rendered: every gfx950 default decode variant (m16x8 both
+    masks, m16x4) through the JIT's clang path with clang 22 (ziglang's upstream LLVM, not ROCm's
+    fork), its kernel descriptor read back: no scratch, at most 256 VGPRs (two waves a SIMD), the
+    LDS of a 64-key tile, the workgroup bound of its tile; its assembly holds one 32-key step's
+    MFMAs (the step loop is not unrolled: unrolled it spilled). llvm-objdump-19 cannot
+    disassemble gfx950, so the assembly comes from the same compiler with -S."""
+    clang = _zig_clang_wrapper(tmp_path / "zig")
+    if clang is None:
+        pytest.skip("no clang >= 20 for gfx950: pip install ziglang (its clang) and apt-get install lld-19")
+    monkeypatch.setenv("AITER_MLA_CLANG", str(clang))
+    variants = _defaults("gfx950")
+    assert {(v["block_m"], v["mask"]) for v in variants} == {(128, "none"), (128, "causal"), (64, "none")}
+    for v in variants:
+        r = core.build_variant("mla_decode", **v)
+        assert r.entry.artifact.name == "code.hsaco"
+        notes = _notes(r.entry.artifact)
+        assert notes["private_segment_fixed_size"] <= SCRATCH_BYTES_MAX and notes["vgpr_count"] <= 256, (v, notes)
+        assert notes["group_segment_fixed_size"] == 64 * 576 + 512 * 64, (v, notes)   # K rows + V^T
+        assert notes["max_flat_workgroup_size"] == v["block_m"] // 16 * 64, (v, notes)
+        cmd = list(r.entry.meta["command"])
+        src = next(a for a in cmd if a.endswith(".cu"))
+        cmd[cmd.index(src)] = str(r.entry.path / "source.cu")
+        cmd[cmd.index("-o") + 1] = str(tmp_path / "kernel.s")
+        cmd[cmd.index("-c")] = "-S"
+        subprocess.run(cmd, check=True, capture_output=True)
+        asm = (tmp_path / "kernel.s").read_text()
+        mfma = re.findall(r"^\s+(v_mfma_\w+)", asm, re.M)
+        assert set(mfma) == {"v_mfma_f32_16x16x32_fp8_fp8"} and len(mfma) == 2 * (576 // 32) + 512 // 16, (v, len(mfma))
+        assert "v_cvt_pk_fp8_f32" in asm and "ds_bpermute_b32" in asm and "s_barrier" in asm, v
+        assert not re.search(r"^\s+scratch_", asm, re.M), v
 
 
 def _rocm_hipcc_version() -> tuple[int, int] | None:

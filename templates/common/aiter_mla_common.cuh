@@ -86,7 +86,11 @@ AITER_MLA_BUILTIN_VAR(aiter_mla_grid_dim_t, gridDim,
                       __builtin_amdgcn_grid_size_y() / __builtin_amdgcn_workgroup_size_y(),
                       __builtin_amdgcn_grid_size_z() / __builtin_amdgcn_workgroup_size_z())
 #undef AITER_MLA_BUILTIN_VAR
+#if defined(__AMDGCN_WAVEFRONT_SIZE__)
 static constexpr int warpSize = __AMDGCN_WAVEFRONT_SIZE__;
+#else
+static constexpr int warpSize = 64;   // clang 22 dropped the macro; gfx942 / gfx950 run wave64
+#endif
 
 __device__ __forceinline__ void __syncthreads() {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
