@@ -214,49 +214,16 @@ void run_group(int nthreads, Fn fn) {
 
 }  // namespace
 
-// Decode as aiter_mla_decode launches it, host pointers: workgroups 0 .. grid_x - 1 run one after
-// another (they share nothing). error_claim: 2 words, error_record: 2 x 4 int64 words (the
-// error record of aiter_mla/ops/errors.py, zeroed by the caller). Returns 0, or 1 for invalid
-// arguments.
-extern "C" int emu_decode(const void* q, const void* kv, const void* kv_indices, int64_t kv_indices_len,
-                          int64_t num_pages, const void* kv_last_page_lens, const void* qo_indptr,
-                          const void* kv_indptr, const void* work_indptr, int64_t work_indptr_len,
-                          const void* work_info, int64_t num_works, int64_t split_tokens, int num_batches,
-                          int total_q, int max_seqlen_q, void* out, void* final_lse, void* split_out,
-                          void* split_lse, const void* q_scale, const void* kv_scale, float sm_scale,
-                          int num_heads, int num_clusters, int grid_x, void* error_claim, void* error_record,
-                          int mutation) {
-  if (grid_x < 1 || grid_x > num_clusters || num_heads < 1 || num_pages < 1) return 1;
-  if (work_indptr_len < num_clusters + 1 || num_batches < 1) return 1;   // as aiter_mla_decode
-  amd_mla::Params p;
-  p.q = static_cast<const uint8_t*>(q);
-  p.kv = static_cast<const uint8_t*>(kv);
-  p.kv_indices = static_cast<const int*>(kv_indices);
-  p.kv_indices_len = kv_indices_len;
-  p.num_pages = static_cast<unsigned>(num_pages);
-  p.sink.claim = static_cast<unsigned*>(error_claim);
-  p.sink.record = static_cast<volatile long long*>(error_record);
-  p.sink.first_schedule_code = amd_mla::kFirstScheduleError;
-  p.kv_last_page_lens = static_cast<const int*>(kv_last_page_lens);
-  p.qo_indptr = static_cast<const int*>(qo_indptr);
-  p.kv_indptr = static_cast<const int*>(kv_indptr);
-  p.work_indptr = static_cast<const int*>(work_indptr);
-  p.work_indptr_len = work_indptr_len;
-  p.work_info = static_cast<const int*>(work_info);
-  p.num_works = num_works;
-  p.split_tokens = split_tokens;
-  p.num_batches = num_batches;
-  p.total_q = total_q;
-  p.max_seqlen_q = max_seqlen_q;
-  p.out = static_cast<uint16_t*>(out);
-  p.final_lse = static_cast<float*>(final_lse);
-  p.split_out = static_cast<float*>(split_out);
-  p.split_lse = static_cast<float*>(split_lse);
-  p.q_scale = static_cast<const float*>(q_scale);
-  p.kv_scale = static_cast<const float*>(kv_scale);
-  p.sm_scale = sm_scale;
-  p.num_heads = num_heads;
-  p.num_clusters = num_clusters;
+// Decode as aiter_mla_decode launches it, host pointers: the same DecodeArgs (the Python side
+// packs it with aiter_mla.ops.decode.SIGNATURE, as the op does), checked and turned into the
+// kernel's Params by the kernel text's own args_valid / params_from; workgroups 0 .. grid_x - 1
+// run one after another (they share nothing). Returns 0, or 1 for arguments the entry point
+// refuses.
+extern "C" int emu_decode(const DecodeArgs* a, const void* q, void* out, void* final_lse, void* split_out,
+                          void* split_lse, int mutation) {
+  if (a == nullptr || !amd_mla::args_valid(*a) || a->num_clusters < 1) return 1;
+  const amd_mla::Params p = amd_mla::params_from(*a, q, out, final_lse, split_out, split_lse);
+  const int grid_x = a->grid_x;
   emu::fnuz = amd_mla::kFp8Fnuz;
   emu::mutation = mutation;
   std::vector<uint64_t> lds((amd_mla::kLdsBytes + 7) / 8);
@@ -287,6 +254,9 @@ extern "C" void emu_mfma(const uint8_t* a, const uint8_t* b, const float* c, flo
   });
   emu::mutation = 0;
 }
+
+// sizeof(DecodeArgs), checked against the Python side's struct as the op's loader checks it.
+extern "C" long long emu_decode_args_bytes() { return static_cast<long long>(sizeof(DecodeArgs)); }
 
 // The conversions above, for their own tests: fp32 -> fp8 code, fp8 code -> fp32.
 extern "C" int emu_float_to_fp8(float x, int is_fnuz) { return emu::float_to_fp8(x, is_fnuz != 0); }

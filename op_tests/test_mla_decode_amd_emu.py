@@ -27,6 +27,7 @@ import torch
 from aiter_mla.jit.config import load_config, templates_dir
 from aiter_mla.jit.render import render
 from aiter_mla.ops import metadata as md
+from aiter_mla.ops.decode import SIGNATURE
 from aiter_mla.ops.metadata_reference import reference_schedule, to_buffers
 from aiter_mla.ops.errors import _MESSAGES
 from aiter_mla.reference import reduce_ref, relative_l2, split_reference
@@ -45,8 +46,10 @@ class Emulator:
         self.lib = ctypes.CDLL(str(lib))
         self.lib.emu_decode.restype = ctypes.c_int
         P, I64, I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        self.lib.emu_decode.argtypes = [P, P, P, I64, I64, P, P, P, P, I64, P, I64, I64, I, I, I, P, P, P, P, P, P,
-                                        ctypes.c_float, I, I, I, P, P, I]
+        self.lib.emu_decode.argtypes = [P, P, P, P, P, P, I]
+        self.lib.emu_decode_args_bytes.restype = ctypes.c_longlong
+        # the op's DecodeArgs and the kernel text's must agree, as the op's loader checks
+        assert self.lib.emu_decode_args_bytes() == ctypes.sizeof(SIGNATURE.Args)
         self.lib.emu_mfma.argtypes = [P, P, P, P, I, I]
         self.lib.emu_mfma.restype = None
         self.lib.emu_float_to_fp8.argtypes = [ctypes.c_float, I]
@@ -217,14 +220,21 @@ def run_emulated(emu, case, bufs, *, clusters, grid_x, sm_scale, q_scale=1.0, kv
     must_stay_clear = record is None
     if must_stay_clear:
         record = torch.zeros(ERROR_SLOTS * ERROR_SLOT_WORDS, dtype=torch.int64)
-    rc = emu.lib.emu_decode(
-        case["q"].view(torch.uint8).data_ptr(), case["kv"].view(torch.uint8).data_ptr(),
-        case["kv_indices"].data_ptr(), case["kv_indices"].numel(), case["kv"].shape[0],
-        case["kv_last_page_lens"].data_ptr(), case["qo_indptr"].data_ptr(), case["kv_indptr"].data_ptr(),
-        work_indptr.data_ptr(), work_indptr.numel(), work_info.data_ptr(), work_info.shape[0],
-        split_tokens, case["qo_indptr"].numel() - 1, total_q, qlen, out.data_ptr(), final_lse.data_ptr(),
-        split_out.data_ptr(), split_lse.data_ptr(), qs.data_ptr(), ks.data_ptr(), sm_scale, H, clusters,
-        grid_x, claim.data_ptr(), record.data_ptr(), mutation)
+    kv = case["kv"]
+    # the launch's fixed arguments packed as the decode op packs them (ops/decode.py)
+    args = SIGNATURE.pack(
+        kv=kv.data_ptr(), kv_rows=kv.shape[0] * kv.shape[1], num_pages=kv.shape[0],
+        kv_indices=case["kv_indices"].data_ptr(), kv_indices_len=case["kv_indices"].numel(),
+        kv_last_page_lens=case["kv_last_page_lens"].data_ptr(), qo_indptr=case["qo_indptr"].data_ptr(),
+        kv_indptr=case["kv_indptr"].data_ptr(), work_indptr=work_indptr.data_ptr(),
+        work_indptr_len=work_indptr.numel(), work_info=work_info.data_ptr(), num_works=work_info.shape[0],
+        q_scale=qs.data_ptr(), kv_scale=ks.data_ptr(), q_rows=total_q * H, split_tokens=split_tokens,
+        error_claim=claim.data_ptr(), error_record=record.data_ptr(), reduce_launch=None, reduce_args=None,
+        arrivals=None, reduce_indptr=None, reduce_partial_map=None, reduce_indptr_len=0, partial_map_len=0,
+        sm_scale=sm_scale, num_heads=H, num_clusters=clusters, grid_x=grid_x,
+        num_batches=case["qo_indptr"].numel() - 1, total_q=total_q, max_seqlen_q=qlen, device=0)
+    rc = emu.lib.emu_decode(ctypes.addressof(args), case["q"].data_ptr(), out.data_ptr(), final_lse.data_ptr(),
+                            split_out.data_ptr(), split_lse.data_ptr(), mutation)
     assert rc == 0
     if must_stay_clear:   # valid inputs: nothing reported
         assert not record.any(), f"error record written for valid inputs: {record.tolist()}"
@@ -426,3 +436,25 @@ def test_bad_work_record_is_reported_and_skipped(tmp):
     assert slots == [None, ("work_batch", w["i"], 99, 3)], slots
     assert torch.isnan(got[0][2]).all(), "the skipped work's rows were written"
     assert torch.equal(got[0][1], clean[0][1])
+
+
+def test_entry_point_refuses_what_the_kernel_cannot_run(tmp):
+    """The entry point's argument check (args_valid in the kernel text, which aiter_mla_decode
+    and the emulator share): an in-kernel split merge (arrivals), a work_indptr shorter than
+    num_clusters + 1, grid_x past the clusters; each is refused before anything runs."""
+    emu = emulator_for(gfx942(64, "none"), tmp)
+    keep = torch.zeros(64, dtype=torch.int64)
+    base = {name: 0 for name, _ in SIGNATURE.fixed}
+    base.update(dict((n, None) for n, t in SIGNATURE.fixed if t is ctypes.c_void_p))
+    base.update(kv=keep.data_ptr(), num_pages=1, kv_indices=keep.data_ptr(), kv_indices_len=1,
+                kv_last_page_lens=keep.data_ptr(), qo_indptr=keep.data_ptr(), kv_indptr=keep.data_ptr(),
+                work_indptr=keep.data_ptr(), work_indptr_len=3, work_info=keep.data_ptr(), num_heads=16,
+                num_clusters=2, grid_x=2, num_batches=1, total_q=1, max_seqlen_q=1, sm_scale=0.1)
+    out = torch.zeros(8, dtype=torch.int64)
+    ptrs = (keep.data_ptr(), out.data_ptr(), out.data_ptr(), out.data_ptr(), out.data_ptr())
+    call = lambda **kw: emu.lib.emu_decode(ctypes.addressof(SIGNATURE.pack(**(base | kw))), *ptrs, 0)  # noqa: E731
+    assert call() == 0   # valid: two empty lists (work_indptr all zeros), nothing written
+    assert call(arrivals=keep.data_ptr()) == 1
+    assert call(work_indptr_len=2) == 1
+    assert call(grid_x=3) == 1
+    assert not out.any()
