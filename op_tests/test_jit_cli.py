@@ -82,7 +82,23 @@ def test_render_to_file_needs_no_toolchain(fake_jit, tmp_path, monkeypatch, caps
     monkeypatch.delenv("AITER_MLA_TEMPLATES_DIR")
     assert main(["jit", "render", "convert_fp8", "--param", "arch=gfx950",
                  "--param", "out_dtype=bf16"]) == 0
-    assert "aiter_mla_e4m3fn_to_float" in capsys.readouterr().out
+    via_param = capsys.readouterr().out
+    assert "aiter_mla_e4m3fn_to_float" in via_param
+    # --arch is --param arch=...; the two disagreeing is refused
+    assert main(["jit", "render", "convert_fp8", "--arch", "gfx950", "--param", "out_dtype=bf16"]) == 0
+    assert capsys.readouterr().out == via_param
+    assert main(["jit", "render", "convert_fp8", "--arch", "gfx950", "--param", "arch=sm_90a",
+                 "--param", "out_dtype=bf16"]) == 1
+    assert "disagree" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("jobs", ["0", "-3", "two"])
+def test_build_jobs_must_be_positive(fake_jit, capsys, jobs):
+    """jit build -j is checked by argparse (exit 2, as bench -j), not after the variants are read."""
+    with pytest.raises(SystemExit) as ei:
+        main(["jit", "build", "fake", "-j", jobs])
+    assert ei.value.code == 2
+    assert "expected a positive integer" in capsys.readouterr().err
 
 
 def test_clear_module_and_gc(fake_jit, capsys):

@@ -40,7 +40,8 @@ def _pair(text: str) -> tuple[int, int]:
     return heads, qlen
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (bench -b / -c / -j, jit build -j)."""
     try:
         v = int(text)
     except ValueError:
@@ -51,7 +52,7 @@ def _positive(text: str) -> int:
 
 
 def _page_size(text: str) -> int:
-    v = _positive(text)
+    v = positive_int(text)
     if v > 256 or v & (v - 1):
         raise argparse.ArgumentTypeError(f"page size must be a power of two in 1..256, got {v}")
     return v
@@ -71,9 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench's flags (shared by ``aiter-mla bench`` and ``python -m aiter_mla.bench``)."""
     p.add_argument("-n", "--heads-qlen", nargs="+", action=_Extend, type=_pair, default=DEFAULT_PAIRS,
                    metavar="HEADS,QLEN", help="(heads, q length) pairs (default: 128,1)")
-    p.add_argument("-b", "--batch", nargs="+", action=_Extend, type=_positive, default=DEFAULT_BATCHES,
+    p.add_argument("-b", "--batch", nargs="+", action=_Extend, type=positive_int, default=DEFAULT_BATCHES,
                    help=f"batch sizes (default: {' '.join(map(str, DEFAULT_BATCHES))})")
-    p.add_argument("-c", "--ctx", nargs="+", action=_Extend, type=_positive, default=DEFAULT_CTXS,
+    p.add_argument("-c", "--ctx", nargs="+", action=_Extend, type=positive_int, default=DEFAULT_CTXS,
                    help=f"context lengths in tokens (default: {' '.join(map(str, DEFAULT_CTXS))})")
     p.add_argument("--page-size", nargs="+", action=_Extend, type=_page_size, default=DEFAULT_PAGE_SIZES,
                    help="KV page sizes (default: 64)")
@@ -89,7 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(no path separators)")
     p.add_argument("--compile-only", action="store_true",
                    help="only render and build the variants the sweep would use (no GPU needed)")
-    p.add_argument("-j", "--jobs", type=_positive, default=None,
+    p.add_argument("-j", "--jobs", type=positive_int, default=None,
                    help="parallel builds (default: MAX_JOBS, else min(8, CPUs))")
     p.add_argument("--no-peers", action="store_true", help="do not time FlashInfer / FlashMLA")
     p.add_argument("--no-jit-figures", action="store_true",

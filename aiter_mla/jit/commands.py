@@ -21,6 +21,7 @@ from .. import env
 from ..version import __version__
 from ..paths import unmakeable_folder_reason
 from ..arch import AMD_ARCHS, ARCHS, NVIDIA_ARCHS, is_experimental_enabled
+from ..bench.commands import positive_int
 from . import core, third_party
 from .cache import is_cache_key
 from .config import ParamError, UnknownModuleError, load_config, templates_dir
@@ -60,7 +61,7 @@ def register(subparsers) -> None:
                                 "# comments are skipped")
         _add_cache_dir_arg(p)
         p.add_argument("--arch", choices=ARCHS, help="build for this arch instead")
-        p.add_argument("-j", "--jobs", type=int, default=None,
+        p.add_argument("-j", "--jobs", type=positive_int, default=None,
                        help="parallel builds (default: MAX_JOBS, else min(4, CPUs))")
         p.set_defaults(func=cmd_build, force=(name == "rebuild"))
 
@@ -72,6 +73,7 @@ def register(subparsers) -> None:
     p = jsub.add_parser("render", help="print a variant's rendered source (no toolchain needed)")
     p.add_argument("module")
     _add_param_arg(p)
+    p.add_argument("--arch", choices=ARCHS, help="the variant's arch (the same as --param arch=ARCH)")
     p.add_argument("-o", "--output", help="write to this file instead of stdout ('-': stdout)")
     p.set_defaults(func=cmd_render)
 
@@ -324,7 +326,12 @@ def cmd_render(args) -> int:
         return 2
     cfg = load_config()
     m = cfg.module(args.module)
-    params = m.check_params(m.coerce_params(_parse_params(args.param)))
+    given = _parse_params(args.param)
+    if args.arch:
+        if "arch" in given and given["arch"] != args.arch:
+            raise ParamError(f"--arch {args.arch} and --param arch={given['arch']} disagree: give one")
+        given["arch"] = args.arch
+    params = m.check_params(m.coerce_params(given))
     text = render(m, params, templates_dir()).text
     if args.output and args.output != "-":
         Path(args.output).write_text(text)
