@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="phase_budget.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ab.add_case_arguments(p)
-    p.add_argument("--calls", type=ab._positive, default=20, help="stamped calls (default 20)")
+    p.add_argument("--calls", type=ab.positive_int, default=20, help="stamped calls (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="calls before the reset (default 3)")
     p.add_argument("--templates", default=None, metavar="WHERE",
                    help="templates to stamp: a folder, a worktree's root or git:REF (default: the "
@@ -326,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="also write the stamps themselves to the JSON")
     p.add_argument("-o", "--output", type=Path, default=None,
                    help="write phase_budget.json and phase_budget.md here")
-    p.add_argument("-j", "--jobs", type=ab._positive, default=min(8, os.cpu_count() or 1),
+    p.add_argument("-j", "--jobs", type=ab.positive_int, default=min(8, os.cpu_count() or 1),
                    help="parallel builds (default min(8, CPUs))")
     return p
 

@@ -243,7 +243,7 @@ def round_orders(n_arms: int, rounds: int) -> list[list[int]]:
     return [[(r + i) % n_arms for i in range(n_arms)] for r in range(rounds)]
 
 
-from aiter_mla.bench.commands import _positive  # noqa: E402  (the bench's own argument type)
+from aiter_mla.bench.commands import positive_int  # noqa: E402  (the bench's own argument type)
 
 
 def add_case_arguments(p: argparse.ArgumentParser) -> None:
@@ -264,14 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NAME= (the repository's templates), NAME=FOLDER or NAME=git:REF (repeatable; "
                         "the first is the baseline)")
     add_case_arguments(p)
-    p.add_argument("--rounds", type=_positive, default=3, help="timed rounds (default 3)")
+    p.add_argument("--rounds", type=positive_int, default=3, help="timed rounds (default 3)")
     p.add_argument("-o", "--output", type=Path, default=Path("template_ab_out"),
                    help="output folder for ab.json and ab.md (default ./template_ab_out)")
-    p.add_argument("--check-requests", type=_positive, default=2,
+    p.add_argument("--check-requests", type=positive_int, default=2,
                    help="requests checked against the float64 reference in round 0 (default 2)")
     p.add_argument("--budget-s", type=float, default=1.0,
                    help="wall seconds one timing may take before it stops at 10 replays (default 1.0)")
-    p.add_argument("-j", "--jobs", type=_positive, default=min(8, os.cpu_count() or 1),
+    p.add_argument("-j", "--jobs", type=positive_int, default=min(8, os.cpu_count() or 1),
                    help="parallel builds (default min(8, CPUs))")
     return p
 
