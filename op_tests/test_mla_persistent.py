@@ -262,6 +262,11 @@ def test_default_decode_variant_builds_with_wgmma(private_cache, cuobjdump_sass,
     sass = subprocess.run([cuobjdump, "-sass", lib], capture_output=True, text=True, check=True).stdout
     mma = "QGMMA" if dtype == "fp8" else "HGMMA"
     assert mma in sass, f"{v}: no {mma} in the SASS"
+    # When ptxas serialises the warpgroup MMAs (its C75xx notes: a wgmma in flight across a
+    # branch it cannot follow, or too few registers) it waits after every one; the loops wait
+    # once per commit group of several (5 to 10 waits for 34 to 60 MMAs).
+    n_mma, n_wait = sass.count(mma), sass.count("WARPGROUP.DEPBAR")
+    assert 3 * n_wait < n_mma, f"{v}: {n_wait} wgmma waits for {n_mma} MMAs: ptxas serialised them"
     res = subprocess.run([cuobjdump, "-res-usage", lib], capture_output=True, text=True, check=True).stdout
     stacks = [int(m) for m in re.findall(r"STACK:(\d+)", res)]
     assert stacks, res
