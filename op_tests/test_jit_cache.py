@@ -461,6 +461,22 @@ def test_disable_jit_loads_built_and_names_missing(fake_jit, monkeypatch):
     assert fake_jit.started() == 1
 
 
+def test_disable_jit_refuses_a_rebuild_as_a_rebuild(fake_jit, monkeypatch):
+    """jit rebuild (and AITER_REBUILD) under AITER_MLA_DISABLE_JIT=1 with a compiler present said
+    the built entry was "not built ... by this compiler"; it is refused as the rebuild it is."""
+    core.build_variant("fake", **P)
+    monkeypatch.setenv("AITER_MLA_DISABLE_JIT", "1")
+    core.reset_state()
+    with pytest.raises(core.JitDisabledError, match=r"is to be rebuilt \(jit rebuild or AITER_REBUILD\)") as ei:
+        core.build_variant("fake", force=True, **P)
+    assert "not built" not in str(ei.value)
+    monkeypatch.setenv("AITER_REBUILD", "1")
+    core.reset_state()
+    with pytest.raises(core.JitDisabledError, match="is to be rebuilt"):
+        core.build_variant("fake", **P)
+    assert fake_jit.started() == 1
+
+
 def test_disable_jit_names_a_damaged_entry_as_damaged(fake_jit, monkeypatch):
     """Under AITER_MLA_DISABLE_JIT=1 a damaged entry was reported as 'not built'."""
     m = core.get_module("fake", **P)

@@ -305,3 +305,18 @@ def test_list_variants_for_one_arch(jit_clean, private_cache, capsys):
     assert main(["jit", "list", "--variants", "--arch", "sm_90a"]) == 0
     sm90 = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
     assert sm90 and all(" arch=sm_90a " in ln + " " for ln in sm90) and any(ln.startswith("mla_decode ") for ln in sm90)
+
+
+def test_render_errors_name_the_cause(fake_jit, tmp_path, monkeypatch, capsys):
+    """(new-user report) An unwritable -o named neither -o nor the path's problem beyond errno,
+    and a templates folder that does not exist was answered with "set AITER_MLA_TEMPLATES_DIR"
+    although it was set."""
+    assert main(["jit", "render", "fake", *FAKE, "-o", str(tmp_path / "no" / "such" / "x.cu")]) == 1
+    err = capsys.readouterr().err
+    assert "-o " in err and "cannot write it" in err and "No such file" in err
+    monkeypatch.setenv("AITER_MLA_TEMPLATES_DIR", str(tmp_path / "missing"))
+    assert main(["jit", "render", "fake", *FAKE]) == 1
+    assert f"AITER_MLA_TEMPLATES_DIR={tmp_path / 'missing'} is not a folder" in capsys.readouterr().err
+    monkeypatch.setenv("AITER_MLA_TEMPLATES_DIR", str(tmp_path))
+    assert main(["jit", "render", "fake", *FAKE]) == 1
+    assert f"from AITER_MLA_TEMPLATES_DIR={tmp_path}: add the file" in capsys.readouterr().err

@@ -599,6 +599,12 @@ def test_op_argument_checks(monkeypatch):
         call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, heads=256)
     with pytest.raises(TypeError, match="uni_seqlen_qo must be an int, got float 1.5"):
         call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=-1, uni_seqlen_qo=1.5)
+    # strings are named too (they were compared with 0 first: an unnamed '<=' TypeError)
+    for kw, name in ((dict(max_seqlen_qo="1"), "max_seqlen_qo"),
+                     (dict(max_seqlen_qo=1, uni_seqlen_qo="1"), "uni_seqlen_qo"),
+                     (dict(max_seqlen_qo=1, topk="x"), "topk")):
+        with pytest.raises(TypeError, match=f"{name} must be an int, got str"):
+            call_op(alloc(info), qo, kv, lpl, page_size=16, **kw)
     with pytest.raises(ValueError, match="got max_seqlen_qo=0, uni_seqlen_qo=-1"):
         call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=0)
     # the CPU path's value checks use this function's argument names (they said kv_indptr)

@@ -334,7 +334,12 @@ def cmd_render(args) -> int:
     params = m.check_params(m.coerce_params(given))
     text = render(m, params, templates_dir()).text
     if args.output and args.output != "-":
-        Path(args.output).write_text(text)
+        try:
+            Path(args.output).write_text(text)
+        except OSError as exc:
+            print(f"aiter-mla jit render: -o {args.output}: cannot write it "
+                  f"({exc.strerror or exc})", file=sys.stderr)
+            return 1
         print(f"wrote {args.output} ({len(text)} characters)", file=sys.stderr)
     else:
         sys.stdout.write(text)

@@ -289,6 +289,9 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
             return BuildResult(name, plan.params, got, False, time.perf_counter() - t0)
     variant = describe(name, plan.params)
     if env.get_flag("AITER_MLA_DISABLE_JIT"):
+        if force:   # nothing was looked up: saying "not built" would be wrong
+            raise _disabled_error(name, plan.params, f"(key {key[:16]}...) is to be rebuilt (jit "
+                                                     f"rebuild or AITER_REBUILD), which compiles")
         state_text = (f"is damaged in the cache ({got.reason})" if isinstance(got, Corrupt)
                       else f"is not built in {_roots(state)}")
         other = None if got is not None else _find_toolchain_free(plan)[1]

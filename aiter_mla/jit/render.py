@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import work_info
+from .. import env, work_info
 from ..arch import NVIDIA_ARCHS
 from .config import ModuleConfig
 
@@ -56,8 +56,14 @@ def template_file(module: ModuleConfig, tdir: Path) -> Path:
     not exist."""
     path = tdir / module.template
     if not path.is_file():
-        raise RenderError(f"module {module.name!r}: template {path} does not exist "
-                          f"(set AITER_MLA_TEMPLATES_DIR, or add the file)")
+        override = env.get("AITER_MLA_TEMPLATES_DIR")
+        if override and not tdir.is_dir():
+            hint = f"AITER_MLA_TEMPLATES_DIR={override} is not a folder: unset it or fix the path"
+        elif override:
+            hint = f"from AITER_MLA_TEMPLATES_DIR={override}: add the file or unset the variable"
+        else:
+            hint = "set AITER_MLA_TEMPLATES_DIR, or add the file"
+        raise RenderError(f"module {module.name!r}: template {path} does not exist ({hint})")
     return path
 
 

@@ -413,6 +413,9 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
     public op's warm-path key, under which the checked launch is kept (None: not kept)."""
     import torch
 
+    for name, value in (("topk", topk), ("max_seqlen_qo", max_seqlen_qo), ("uni_seqlen_qo", uni_seqlen_qo)):
+        if value is not None:   # before they are compared: '1' < 0 would be an unnamed TypeError
+            check_int(name, value)
     _unsupported_modes(is_sparse=bool(topk is not None and topk >= 0), fast_mode=fast_mode,
                        intra_batch_mode=intra_batch_mode)
     _check_dtype_args(dtype_q=dtype_q, dtype_kv=dtype_kv)
