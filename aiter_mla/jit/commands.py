@@ -274,9 +274,8 @@ def _variants(args, cfg) -> list[tuple[str, dict]]:
 
 
 def _jobs(requested: int | None) -> int:
+    """-j (already >= 1: positive_int), else MAX_JOBS, else min(4, CPUs)."""
     if requested is not None:
-        if requested < 1:
-            raise ValueError(f"-j must be >= 1, got {requested}")
         return requested
     n = env.get_int("MAX_JOBS", 0)
     return n if n > 0 else max(1, min(4, os.cpu_count() or 1))
