@@ -192,7 +192,6 @@ def test_missing_template_and_syntax_error(tmp_path):
     (dict(q_dtype="bf16", kv_dtype="bf16", mainloop="tile_pairs"), "fp8 only"),
     (dict(q_dtype="bf16", kv_dtype="bf16", mainloop="warpgroup_works"), "fp8 only"),
     (dict(mainloop="warpgroup_works", block_m=128), "at most 32 rows"),
-    (dict(mainloop="alternating"), "bf16 only"),
     (dict(mainloop="wgmma_ot"), "allowed: 'tile_pairs', 'warpgroup_works', 'alternating', 'mfma'"),
     (dict(mainloop="mfma"), "mainloop mfma is the AMD kernel's"),
     (dict(q_dtype="fp8_fnuz", kv_dtype="fp8_fnuz"), "fp8_fnuz .* is gfx942's"),

@@ -1,5 +1,5 @@
 // MLA decode on sm_90a: PV computed transposed, O^T[512 x 64] += V^T[512 x keys] . P^T[keys x
-// 64], for the tile_pairs loop (mla_decode_sm90_tile_pairs.cuh) and its odd last tile.
+// 64], for the fp8 loops with 64 rows (tile_pairs with its odd last tile, fp8 alternating).
 //   * A = V^T comes from registers: each consumer warp reads its 16 V columns of the KV stage
 //     with ldmatrix.trans (16-bit elements = 2 columns of one key) and one prmt per register
 //     merges two keys' halves into the e4m3 k32 A fragment. Nothing is written back (a V^T tile
@@ -46,11 +46,11 @@ __device__ __forceinline__ constexpr int p_step(int j) { return (j >> 1) * 128 +
 // Keys at or past `valid` (tile tail: not loaded, or a TMA box's rows past the work's end,
 // possibly NaN) become 0 so that P = 0 never meets them.
 template <class C, bool Tail>
-__device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C::BN / 32][4], const uint8_t* smem,
-                                                   int stage, int half, int warp_in_wg, int lane, int valid) {
+__device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C::BN / 32][4], uint32_t tile_addr,
+                                                   int half, int warp_in_wg, int lane, int valid) {
   const int m = lane >> 3, i = lane & 7, r = lane & 3;
   // lane (m, i) addresses key row 8m + i of the 32-key step, in its warp's 16-column chunk
-  uint32_t src = smem_addr(smem + C::kOffKv + stage * C::kStageBytes);
+  uint32_t src = tile_addr;
   uint32_t sw = 0;
   if constexpr (C::kSw64) {
     src += (8 * m + i) * 64;
@@ -86,15 +86,21 @@ __device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C:
 }
 
 // Tail = false (every key of the tile valid): no mask code between the ldmatrix, which then
-// issue back to back (a per-load mask branch serialised them).
+// issue back to back (a per-load mask branch serialised them). tile_addr: the KV tile's
+// shared-memory address, in the stage layout (valid <= 0 reads it but zeroes every fragment).
+template <class C>
+__device__ __forceinline__ void load_vt_frags_at(uint32_t (&a)[C::kMBlocks][C::BN / 32][4], uint32_t tile_addr,
+                                                 int half, int warp_in_wg, int lane, int valid) {
+  if (valid >= C::BN) {
+    load_vt_frags_impl<C, false>(a, tile_addr, half, warp_in_wg, lane, valid);
+  } else {
+    load_vt_frags_impl<C, true>(a, tile_addr, half, warp_in_wg, lane, valid);
+  }
+}
 template <class C>
 __device__ __forceinline__ void load_vt_frags(uint32_t (&a)[C::kMBlocks][C::BN / 32][4], const uint8_t* smem,
                                               int stage, int half, int warp_in_wg, int lane, int valid) {
-  if (valid >= C::BN) {
-    load_vt_frags_impl<C, false>(a, smem, stage, half, warp_in_wg, lane, valid);
-  } else {
-    load_vt_frags_impl<C, true>(a, smem, stage, half, warp_in_wg, lane, valid);
-  }
+  load_vt_frags_at<C>(a, smem_addr(smem + C::kOffKv + stage * C::kStageBytes), half, warp_in_wg, lane, valid);
 }
 
 // softmax_row_max, then P(t) as e4m3 into P buffer `buf` (B layout, keys at p_pos), O^T's row
