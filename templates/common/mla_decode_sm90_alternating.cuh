@@ -16,6 +16,9 @@
 //   3. softmax of tile b from m(b - 1), P(b) written to shared memory with m(b) and the factor,
 //      hand-over (bar.arrive 9 + w); rescale O and l;
 //   4. issue PV(b) (bf16: P(b) from registers, wgmma RS); waited at the next step.
+// fp8 differs in order too: the V^T fragments of tile b - 1 are loaded before the hand-over
+// wait, the O^T rescales ride in the PV issue (per m-block), and a warpgroup's V half of its
+// own tile is released in step 4, once its fragments are loaded.
 // So each warpgroup's softmax runs while the other's PVs and QK occupy the tensor cores, and no
 // barrier of all 256 consumers sits in the loop. bf16: one P tile in shared memory serves both
 // directions: a warpgroup writes P(b) only after its PV(b - 1) has read P(b - 1), and the other
@@ -103,7 +106,7 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, Fp8, Causal> {
 
 // The producer warp's TMA copies of the tile of BN virtual tokens from tok0 into the stage at
 // stage_addr, part by part in the order QK reads them (the RoPE block, V's halves 0 and 1;
-// qk_issue_parts): each waits for its own release, then posts its
+// qk_issue_parts, qk_fp8): each waits for its own release, then posts its
 // bytes on its own full barrier (bar_full / bar_empty: the stage's part 0 barrier; part p is
 // 8 p bytes on). Pages past kv_tok_end are not looked up; a part is at most 8 pages x 4
 // column blocks, one box per lane.
@@ -142,7 +145,7 @@ __device__ __forceinline__ void handover_wait(int from) {
   asm volatile("bar.sync %0, 256;\n" ::"r"(9 + from) : "memory");
 }
 
-// Issues S = Q . K^T of the tile at k_addr over all 576 dims in the order of the stage's parts:
+// bf16: issues S = Q . K^T of the tile at k_addr over all 576 dims in the order of the stage's parts:
 // the RoPE block, then V's halves 0 and 1 (the order produce_tile_parts fills them). Each part
 // is waited for (wait_part(part)) just before its k-steps, so the MMAs start on the first part
 // that lands, and is its own commit group (ptxas serialises the wgmmas when a wait loop sits
