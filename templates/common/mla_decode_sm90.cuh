@@ -20,6 +20,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 #include <math.h>
+#include "aiter_mla_numeric.cuh"
 
 namespace mla {
 
@@ -199,15 +200,24 @@ __device__ __forceinline__ float softmax_row_max(float (&s)[C::kSTiles][4], RowS
 
 // p = exp2(s * sc - m_ref) for this thread's scores (after softmax_row_max, sc its result);
 // store(j, p0, p1, p2, p3) writes n8 tile j's values (row r0: p0, p1; row r0 + 8: p2, p3);
-// sum gets the two row sums.
-template <class C, class Store>
+// sum gets the two row sums. FmaEvery > 0: one value in FmaEvery (value 4 j + e where that is
+// FmaEvery / 2 mod FmaEvery) takes its exponential on the FMA pipe (aiter_mla_exp2_fma),
+// the rest on the SFU, so that the SFU's pipe does not set the softmax's length.
+template <int FmaEvery>
+__device__ __forceinline__ float exp2_at(int v, float x) {
+  if (FmaEvery > 0 && v % (FmaEvery > 0 ? FmaEvery : 1) == FmaEvery / 2) return aiter_mla_exp2_fma(x);
+  return fast_exp2(x);
+}
+template <class C, class Store, int FmaEvery = 0>
 __device__ __forceinline__ void exp_scores(const float (&s)[C::kSTiles][4], const float (&m_ref)[2], float sc,
                                            float (&sum)[2], Store store) {
   sum[0] = sum[1] = 0.f;
 #pragma unroll
   for (int j = 0; j < C::kSTiles; ++j) {
-    const float p0 = fast_exp2(fmaf(s[j][0], sc, -m_ref[0])), p1 = fast_exp2(fmaf(s[j][1], sc, -m_ref[0]));
-    const float p2 = fast_exp2(fmaf(s[j][2], sc, -m_ref[1])), p3 = fast_exp2(fmaf(s[j][3], sc, -m_ref[1]));
+    const float p0 = exp2_at<FmaEvery>(4 * j, fmaf(s[j][0], sc, -m_ref[0]));
+    const float p1 = exp2_at<FmaEvery>(4 * j + 1, fmaf(s[j][1], sc, -m_ref[0]));
+    const float p2 = exp2_at<FmaEvery>(4 * j + 2, fmaf(s[j][2], sc, -m_ref[1]));
+    const float p3 = exp2_at<FmaEvery>(4 * j + 3, fmaf(s[j][3], sc, -m_ref[1]));
     sum[0] += p0 + p1;
     sum[1] += p2 + p3;
     store(j, p0, p1, p2, p3);

@@ -212,6 +212,10 @@ template <class C, class Store>
 __device__ __forceinline__ void softmax_tile(float (&s)[C::kSTiles][4], const RowState& st, const float (&m_prev)[2],
                                              int kbase, int tile_end, float scale_log2, float (&m_new)[2],
                                              float (&scale)[2], float (&sum)[2], Store store) {
+  // fp8: 6 of the thread's 32 exponentials on the FMA pipe. At the fp8 rate the SFU's 32 ex2
+  // (8 pipe cycles a warp each, 256) outlast the softmax's other instructions (about 150 issue
+  // slots); each moved one costs ~9 slots more: ~6 moved balances them (~210 cycles).
+  constexpr int kFmaEvery = C::kFp8 ? 5 : 0;
   float mx[2];
   const float sc = masked_quad_max<C>(s, st, kbase, tile_end, scale_log2, mx);
   float m_ref[2];
@@ -221,7 +225,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[C::kSTiles][4], const Ro
     m_ref[h] = m_new[h] == -INFINITY ? 0.f : m_new[h];
     scale[h] = fast_exp2(m_prev[h] - m_ref[h]);
   }
-  exp_scores<C>(s, m_ref, sc, sum, store);
+  exp_scores<C, Store, kFmaEvery>(s, m_ref, sc, sum, store);
 }
 
 // bf16 P as wgmma A fragments (k-step kk = n8 tiles 2kk, 2kk + 1: the S accumulator layout is
