@@ -18,8 +18,7 @@ both bf16; output bf16; page_size any power of two 1..256 (the kernel reads it f
 Numerics (kernel: templates/mla_decode.cu.j2 + templates/common/mla_decode_sm90*.cuh): scores
 = q.k over 576 dims (tensor cores, fp32 accumulate; fp8 QK promoted to fp32 in chunks of k-steps)
 x q_scale x kv_scale x sm_scale; exp2-based online softmax; output = (P.V) x kv_scale / l in
-bf16; LSE natural log. fp8 (main loops "alternating" above 32 rows, "warpgroup_works" at
-most 32) runs PV as an e4m3 wgmma with P rounded to e4m3, as AITER does; bf16 ("alternating")
+bf16; LSE natural log. fp8 (main loop "alternating") runs PV as an e4m3 wgmma with P rounded to e4m3, as AITER does; bf16 ("alternating")
 rounds P to bf16. Measured on the H200 against float64 (the bench's check): relative L2 at
 most 1.2e-2 (fp8) and about 1.8e-3 (bf16).
 
@@ -86,13 +85,13 @@ SUPPORTED_DTYPES = {getattr(torch, name): value for name, value in KERNEL_DTYPES
 #: of the ``warpgroup_works`` loop.
 FEW_ROWS = arch.FEW_ROWS
 
-#: The sm_90a main loops (the ``mainloop`` template parameter): "alternating" (bf16, and fp8
-#: above FEW_ROWS rows: the warpgroups own alternate KV tiles and run out of phase, the row max
-#: chained between them, mla_decode_sm90_alternating.cuh), "warpgroup_works" (fp8, at most
-#: FEW_ROWS rows: each consumer warpgroup runs its own work list,
-#: mla_decode_sm90_warpgroup_works.cuh) and "tile_pairs" (fp8 above FEW_ROWS rows, the loop
-#: "alternating" replaces for fp8: the warpgroups score the tiles of a pair in lockstep,
-#: mla_decode_sm90_tile_pairs.cuh). docs/DESIGN.md §9.5-§9.7 describe them.
+#: The sm_90a main loops (the ``mainloop`` template parameter): "alternating" (every shape and
+#: dtype: the warpgroups own alternate KV tiles and run out of phase, the row max chained
+#: between them, mla_decode_sm90_alternating.cuh); the fp8 loops it replaces on this branch,
+#: "warpgroup_works" (at most FEW_ROWS rows: each consumer warpgroup runs its own work list,
+#: mla_decode_sm90_warpgroup_works.cuh) and "tile_pairs" (above FEW_ROWS rows: the warpgroups
+#: score the tiles of a pair in lockstep, mla_decode_sm90_tile_pairs.cuh), stay for same-call
+#: comparisons. docs/DESIGN.md §9.5-§9.7 describe them.
 MAINLOOPS = ("tile_pairs", "warpgroup_works", "alternating")
 
 
@@ -101,8 +100,6 @@ def mainloop_for(dtype: str, rows: int) -> str:
     ValueError for another dtype name."""
     if dtype not in KERNEL_DTYPES.values():
         raise ValueError(f"dtype must be one of {sorted(KERNEL_DTYPES.values())}, got {dtype!r}")
-    if dtype == "fp8" and rows <= FEW_ROWS:
-        return "warpgroup_works"
     return "alternating"
 
 
