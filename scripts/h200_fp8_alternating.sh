@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # First GPU measurements of the fp8 alternating loop (branch exp/fp8-alternating) against main,
 # in one device call. Usage: bash scripts/h200_fp8_alternating.sh BRANCH_COMMIT MAIN_COMMIT
-# Needs, carried: .peer (FlashMLA, ../shared/peers/flashmla/README.md) and .ab/main (a checkout
+# Needs, carried: .peer (the FlashMLA peer folder, as scripts/h200_bench.sh takes it) and .ab/main (a checkout
 # of main: `git worktree add .ab/main main`, with /.ab/ in .git/info/exclude).
 # Run the GPU suite first, in its own call (tests of this branch: every fp8 shape runs the
 # alternating loop here): BENCH=0 bash scripts/h200_all.sh BRANCH_COMMIT

@@ -28,7 +28,9 @@
 // Edges as data, not branches: warpgroup 0's first step adds "tile -1" (P zeroed at the work's
 // start, V = the Q tile, finite); an odd tile count gets a masked tile n (no copy: K and V read
 // from the Q tile, every score masked, so P = 0 and its factor 1). After its last step warpgroup
-// 0 alone adds warpgroup 1's last tile (a branch whose wgmmas are waited inside it).
+// 0 alone adds warpgroup 1's last tile (a branch whose wgmmas are waited inside it). fp8 skips
+// the MMAs of tile -1 and tile n by branches (QK of tile n, both PVs of each), which ptxas keeps
+// asynchronous there (no C75xx) while the V^T fragment loads stay unconditional.
 // A TMA stage (one tile, both warpgroups use it) is three parts, each with its own full and
 // empty barrier: the RoPE column block, released by the owner once its QK is done, and V's two
 // 256-column halves, each released by the warpgroup whose PVs read it once it is done with the
@@ -411,17 +413,13 @@ __device__ __forceinline__ void zero_v_tail_wg(uint8_t* smem, int stage, int val
   }
 }
 
-// The work's start: "tile -1", which warpgroup 0 adds first, gets P = 0 (bf16: the P tile;
-// fp8: warpgroup 1's buffer, with its O^T factors 1), with the 256 consumer threads; the caller
-// fences and syncs.
+// Zeroes the P tile (the "tile -1" warpgroup 0 adds first; bf16 only: the fp8 step skips that
+// PV) with the 256 consumer threads; the caller fences and syncs.
 template <class C>
-__device__ __forceinline__ void init_tile_minus_1(uint8_t* smem) {
-  constexpr int kOffP = C::kOffP + (C::kPBufs - 1) * C::kPBytes;
+__device__ __forceinline__ void zero_p(uint8_t* smem) {
+  static_assert(!C::kFp8, "bf16 only");
   for (int i = threadIdx.x; i < C::kPBytes / 16; i += kThreads)
-    reinterpret_cast<uint4*>(smem + kOffP)[i] = make_uint4(0, 0, 0, 0);
-  if constexpr (C::kFp8) {
-    if (threadIdx.x < kRows) reinterpret_cast<float*>(smem + C::off_factor(1))[threadIdx.x] = 1.f;
-  }
+    reinterpret_cast<uint4*>(smem + C::kOffP)[i] = make_uint4(0, 0, 0, 0);
 }
 
 }  // namespace alt
