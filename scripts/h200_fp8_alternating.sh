@@ -6,7 +6,8 @@
 # Run the GPU suite first, in its own call (tests of this branch: every fp8 shape runs the
 # alternating loop here): BENCH=0 bash scripts/h200_all.sh BRANCH_COMMIT
 # This call: 1. FlashMLA build; 2. the FMA-pipe exp2 A/B (template_ab, this tree against a copy
-# with kFmaEvery 0); 3. the same fp8 sweeps in this checkout and in main's, each with FlashMLA.
+# with kFmaEvery 0); 3. the same sweeps in this checkout and in main's, each with FlashMLA: fp8,
+# and bf16 at the short end (the edge tiles' skipped MMAs change bf16 too).
 set -uo pipefail
 BR=${1:?branch commit}; MAIN=${2:?main commit}
 OUT=${OUT:-/tmp/aiter_mla_out}
@@ -26,8 +27,9 @@ sweeps() {  # checkout dir, tag prefix, commit
   (cd "$1" && PYTHONPATH=$PWD:$PYTHONPATH python3 -c "import aiter_mla; print('$2 imports', aiter_mla.__file__)" \
      >>"$dest/imports.log" 2>&1
    for s in "n128:-n 128,1 -b 64 128 256 -c 3200 5200 8192 23333" \
-                       "short:-n 128,1 -b 1 128 256 -c 21 64 256 512 1200" \
-                       "n16:-n 16,1 -b 64 128 256 -c 3200 8192 23333"; do
+            "short:-n 128,1 -b 1 128 256 -c 21 64 256 512 1200" \
+            "n16:-n 16,1 -b 64 128 256 -c 3200 8192 23333" \
+            "bf16_short:-n 128,1 -b 1 128 -c 21 256 1200 3200 -d bf16 -kvd bf16"; do
      tag=${s%%:*}; args=${s#*:}
      PYTHONPATH=$PWD:$PYTHONPATH timeout 90 python3 -m aiter_mla bench $args -o "$dest" --tag "$2_$tag" \
        --commit "$3" --no-progress --no-jit-figures -j 16 >"$dest/bench_$2_$tag.log" 2>&1
@@ -37,6 +39,6 @@ sweeps() {  # checkout dir, tag prefix, commit
 }
 sweeps . alt "$BR"
 sweeps .ab/main main "$MAIN"
-for t in n128 short n16; do for a in alt main; do
+for t in n128 short n16 bf16_short; do for a in alt main; do
   echo "== $a $t"; grep -E "^ +(1|64|128|256) +(21|64|256|512|1200|3200|5200|8192|23333) " "$dest/bench_${a}_$t.log" | head -16
 done; done

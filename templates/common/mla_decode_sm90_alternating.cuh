@@ -25,12 +25,12 @@
 // writes P(b + 1) only after reading P(b). fp8 (the "fp8" section below): both PVs read P from
 // shared memory, one buffer per warpgroup; QK is promoted in chunks; PV runs transposed.
 //
-// Edges as data, not branches: warpgroup 0's first step adds "tile -1" (P zeroed at the work's
-// start, V = the Q tile, finite); an odd tile count gets a masked tile n (no copy: K and V read
-// from the Q tile, every score masked, so P = 0 and its factor 1). After its last step warpgroup
-// 0 alone adds warpgroup 1's last tile (a branch whose wgmmas are waited inside it). fp8 skips
-// the MMAs of tile -1 and tile n by branches (QK of tile n, both PVs of each), which ptxas keeps
-// asynchronous there (no C75xx) while the V^T fragment loads stay unconditional.
+// The edges: warpgroup 0's first step has no tile b - 1 ("tile -1"), and an odd tile count gets
+// a masked tile n for warpgroup 1 (no copy: every score masked, so P = 0 and its factor 1, whose
+// softmax still hands over the row max). Their MMAs are skipped by branches (the PV of tile -1,
+// the QK and both PVs of tile n), which ptxas keeps asynchronous here (no C75xx: a branch that
+// makes it wait after every wgmma shows in the default-variant build test). After its last step
+// warpgroup 0 alone adds warpgroup 1's last tile (a branch whose wgmmas are waited inside it).
 // A TMA stage (one tile, both warpgroups use it) is three parts, each with its own full and
 // empty barrier: the RoPE column block, released by the owner once its QK is done, and V's two
 // 256-column halves, each released by the warpgroup whose PVs read it once it is done with the
@@ -411,15 +411,6 @@ __device__ __forceinline__ void zero_v_tail_wg(uint8_t* smem, int stage, int val
     *reinterpret_cast<uint4*>(base + (c / kPer) * (C::BN * C::kSwBytes) + row * C::kSwBytes + (c % kPer) * 16) =
         make_uint4(0, 0, 0, 0);
   }
-}
-
-// Zeroes the P tile (the "tile -1" warpgroup 0 adds first; bf16 only: the fp8 step skips that
-// PV) with the 256 consumer threads; the caller fences and syncs.
-template <class C>
-__device__ __forceinline__ void zero_p(uint8_t* smem) {
-  static_assert(!C::kFp8, "bf16 only");
-  for (int i = threadIdx.x; i < C::kPBytes / 16; i += kThreads)
-    reinterpret_cast<uint4*>(smem + C::kOffP)[i] = make_uint4(0, 0, 0, 0);
 }
 
 }  // namespace alt
