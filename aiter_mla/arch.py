@@ -64,24 +64,24 @@ def tile_rows(num_heads: int, max_seqlen_q: int) -> int:
     return ROW_BLOCK * max(1, -(-rows // ROW_BLOCK))
 
 
-#: Rows (heads x qlen) up to which one consumer warpgroup holds a whole work: those shapes get
-#: two work lists per multiprocessor, one per warpgroup of the fp8 ``warpgroup_works`` loop.
+#: Rows (heads x qlen) up to which one consumer warpgroup holds a whole work (the fp8
+#: ``warpgroup_works`` loop, kept on this branch for comparison).
 FEW_ROWS = 32
 
 
 def occupancy(num_heads: int, max_seqlen_q: int, *, target: str = "sm_90a") -> int:
     """Work lists per multiprocessor (CU) on ``target``: 2 for the m16x4 tile (heads x qlen ==
     64) when ``AITER_ENABLE_EXPERIMENTAL`` is non-zero (AITER #3072 / #3391
-    ``get_mla_decode_fwd_occupancy``; on AMD only gfx950 has that tile); on sm_90a also 2 for
-    the padded shapes of at most ``FEW_ROWS`` rows ((16,1), (32,1), (16,2); ours, not AITER's:
-    their fp8 loop runs a work list per consumer warpgroup, and the other loops run the second
-    list as a second CTA); else 1. ValueError for a ``target`` not in ``ARCHS``."""
+    ``get_mla_decode_fwd_occupancy``; on AMD only gfx950 has that tile); else 1. On sm_90a a
+    64-row CTA of the ``alternating`` loop fills an SM's shared memory, so a second list per
+    SM runs as a second wave of CTAs (each paying the per-CTA fixed part again), as FlashMLA
+    also avoids (one part per SM); the padded shapes of at most ``FEW_ROWS`` rows had 2 for the
+    fp8 ``warpgroup_works`` loop, which ran a list per consumer warpgroup. ValueError for a
+    ``target`` not in ``ARCHS``."""
     _check_target(target)
     rows = num_heads * max_seqlen_q
     if target in AMD_ARCHS:
         return 2 if target == "gfx950" and rows <= 64 and is_experimental_enabled() else 1
-    if rows <= FEW_ROWS:
-        return 2
     if rows == 64 and is_experimental_enabled():
         return 2
     return 1

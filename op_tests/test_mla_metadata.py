@@ -471,11 +471,12 @@ def test_info_shapes_and_order(monkeypatch):
     assert md.get_mla_metadata_info_v1(4, 4, 16, None, None)[1][0] == (265,)
     assert md.get_mla_metadata_info_v1(4, 1, 128, None, None)[1][0] == (67,)
     assert arch.num_clusters(16, 4) == 264
-    # the <= 32-row shapes have two work lists per multiprocessor in any mode (warpgroup_works)
+    # the <= 32-row shapes have one work list per multiprocessor in any mode (one 64-row CTA
+    # fills an SM: a second list would be a second wave)
     for experimental in ("0", "1"):
         monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", experimental)
         assert [arch.num_clusters(h, q) for h, q in ((16, 1), (32, 1), (16, 2), (64, 1), (128, 1))] == [
-            264, 264, 264, 264 if experimental == "1" else 132, 66]
+            132, 132, 132, 264 if experimental == "1" else 132, 66]
 
 
 def test_num_clusters_for_a_given_cu_count(monkeypatch):
@@ -487,7 +488,7 @@ def test_num_clusters_for_a_given_cu_count(monkeypatch):
         via_env = [arch.num_clusters(h, q) for h, q in shapes]
         monkeypatch.delenv("CU_NUM")
         assert [arch.num_clusters(h, q, cu=cu) for h, q in shapes] == via_env
-    assert [arch.num_clusters(h, q, cu=132) for h, q in shapes] == [264, 264, 264, 132, 66, 132]
+    assert [arch.num_clusters(h, q, cu=132) for h, q in shapes] == [132, 132, 132, 132, 66, 132]
     for bad in (0, -3):
         with pytest.raises(ValueError, match=f"cu must be >= 1, got {bad}"):
             arch.num_clusters(128, 1, cu=bad)
@@ -552,14 +553,14 @@ def test_op_on_cpu_tensors_matches_reference(monkeypatch):
     qo, kv, lpl = make_inputs([5000, 0, 20000, 7], [2, 1, 2, 2], 16)
     bufs = alloc(md.get_mla_metadata_info_v1(6, 2, 16, None, None))
     call_op(bufs, qo, kv, lpl, page_size=16, kv_granularity=4, max_seqlen_qo=2)
-    # (16,2) has 32 rows: two work lists per multiprocessor (arch.occupancy), 20 clusters
-    s = reference_schedule(qo, kv, lpl, num_heads=16, num_clusters=20, page_size=16,
+    # (16,2) has 32 rows: one work list per multiprocessor (arch.occupancy), 10 clusters
+    s = reference_schedule(qo, kv, lpl, num_heads=16, num_clusters=10, page_size=16,
                            kv_granularity=4, max_seqlen_qo=2)
     compare_buffers(bufs, s, 4)
     rec = md.lookup_plan(bufs[2])
     assert rec is not None and (rec.num_heads, rec.max_seqlen_qo, rec.page_size,
                                 rec.kv_granularity, rec.batch_size, rec.num_clusters) == (
-        16, 2, 16, 4, 4, 20)
+        16, 2, 16, 4, 4, 10)
     assert rec.dtype_q == torch.bfloat16  # AITER's default when dtype_q is None
     assert md.lookup_plan(torch.empty(3, 8, dtype=torch.int32)) is None
 
@@ -630,11 +631,11 @@ def test_op_argument_checks(monkeypatch):
         md.get_mla_metadata_v1(torch.tensor(qo, dtype=torch.int32), torch.tensor(kv),
                                torch.tensor(lpl, dtype=torch.int32), 16, 1, False, *b[:1],
                                b[2], b[1], *b[3:], max_seqlen_qo=1)
-    # buffers sized for 128 heads (CU_NUM 10: 5 lists) used for 16 (20 lists): the message
+    # buffers sized for 128 heads (CU_NUM 10: 5 lists) used for 16 (10 lists): the message
     # names the head count, q length and list count that decided the size
     big_heads = alloc(md.get_mla_metadata_info_v1(2, 1, 128, None, None))
-    with pytest.raises(ValueError, match=r"work_indptr has 6 rows; this input needs >= 21 .*"
-                                         r"num_head_qo = 16, max_seqlen_qo = 1; this call has 20 work lists"):
+    with pytest.raises(ValueError, match=r"work_indptr has 6 rows; this input needs >= 11 .*"
+                                         r"num_head_qo = 16, max_seqlen_qo = 1; this call has 10 work lists"):
         call_op(big_heads, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
     # uni_seqlen_qo alone is enough
     call_op(alloc(info), qo, kv, lpl, page_size=16, uni_seqlen_qo=1)
@@ -670,8 +671,8 @@ def test_metadata_cli_dump(capsys):
 
 def test_metadata_cli_default_clusters_follow_occupancy(capsys, monkeypatch):
     """Without --clusters, no GPU and no CU_NUM, the dump plans for an H200 with the shape's
-    work lists per SM: 264 for (16,1) (two per SM), 132 for (64,1), 66 for (128,1) (a work
-    on two SMs); it printed 132 for all."""
+    work lists per SM: 132 for (16,1) and (64,1), 66 for (128,1) (a work on two SMs); it
+    printed 132 for all."""
     import json
 
     from aiter_mla import arch as arch_mod
@@ -683,7 +684,7 @@ def test_metadata_cli_default_clusters_follow_occupancy(capsys, monkeypatch):
     monkeypatch.delenv("CU_NUM", raising=False)
     monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", "0")   # (64,1) doubles with it
     monkeypatch.setattr(arch_mod, "num_cu", no_gpu)
-    for heads, want in ((16, 264), (64, 132), (128, 66)):
+    for heads, want in ((16, 132), (64, 132), (128, 66)):
         assert main(["metadata", "--batch", "4", "--ctx", "8192", "--heads", str(heads), "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["num_clusters"] == want
 
@@ -904,7 +905,7 @@ def gpu_run_and_compare(cfg, monkeypatch):
     call_op(bufs, qo, kv, lpl, heads=cfg["heads"], page_size=cfg["ps"],
             kv_granularity=cfg["G"], max_seqlen_qo=cfg["thr"],
             max_split_per_batch=cfg["msb"])
-    # C multiprocessors; the <= 32-row shapes plan 2 work lists on each (arch.occupancy)
+    # C multiprocessors, one work list on each (arch.occupancy)
     s = reference_schedule(qo, kv, lpl, num_heads=cfg["heads"],
                            num_clusters=arch.num_clusters(cfg["heads"], cfg["thr"]),
                            page_size=cfg["ps"], kv_granularity=cfg["G"],

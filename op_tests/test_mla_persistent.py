@@ -531,8 +531,8 @@ def test_mixed_empty(warm, heads, qlen, dtype):
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))   # bf16: alternating's q_full / q_empty parity over many works
 def test_dual_rings_wrap_with_one_cta(warm, monkeypatch, dtype):
-    """CU_NUM=1: 2 work lists (one CTA; warpgroup_works: one per warpgroup) over long contexts, so
-    every KV ring wraps many times (its parity flips) and works change inside a list."""
+    """CU_NUM=1: one CTA walks every work over long contexts, so every KV ring wraps many times
+    (its parity flips) and works change inside a list."""
     monkeypatch.setenv("CU_NUM", "1")
     c = make_case(16, 1, 64, DTYPES[dtype], [3000, 1, 0, 700, 129], seed=17)
     o, lse, _ = run_decode(c)

@@ -200,7 +200,7 @@ def register(subparsers) -> None:
                    help="pages per cost block (default max(1, 64 // page_size), as the decode op)")
     p.add_argument("--clusters", type=int, default=None,
                    help="work lists (default: aiter_mla.arch.num_clusters for the GPU or CU_NUM, "
-                        "an H200's 132 SMs if neither: 264 for <= 32 rows (heads x qlen), 132 up to 64, "
+                        "an H200's 132 SMs if neither: 132 up to 64 rows (heads x qlen), "
                         "then 132 // the 64-row blocks: 66 at 128 rows, 33 at 256, 4 at 2048)")
     p.add_argument("--max-split-per-batch", type=int, default=-1)
     p.add_argument("--seed", type=int, default=0, help="seed for --ctx LO-HI")
