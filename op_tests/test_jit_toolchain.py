@@ -269,6 +269,49 @@ def test_portable_fp8_and_bf16_bit_code_matches_torch(tmp_path):
     assert torch.equal(got, want)
 
 
+EXP2_TEST_C = r"""
+#include <stdio.h>
+#include "common/aiter_mla_numeric.cuh"
+int main() {
+  float x;
+  while (scanf("%f", &x) == 1) printf("%.9g\n", aiter_mla_exp2_fma(x));
+  return 0;
+}
+"""
+
+
+def test_fma_pipe_exp2_matches_exp2(tmp_path):
+    """aiter_mla_exp2_fma (the fp8 softmax's exponentials on the FMA pipe), compiled on the host
+    from the header the kernel includes: relative error <= 3e-6 against float64 exp2 over the
+    softmax's range (-126, 0.5], 2^0 = 1 exactly (the row max's p), and like ex2.approx.ftz 0 for
+    x < -126 and -inf, NaN for NaN."""
+    np = pytest.importorskip("numpy")
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("needs a host C++ compiler")
+    src = tmp_path / "t.cpp"
+    src.write_text(EXP2_TEST_C)
+    exe = tmp_path / "t"
+    subprocess.run([cxx, "-O1", "-std=c++17", f"-I{REPO / 'templates'}", str(src), "-o", str(exe)],
+                   check=True)
+    rng = np.random.default_rng(0)
+    xs = np.concatenate([np.linspace(-126.0, 0.5, 40001), -rng.exponential(4.0, 20000),
+                         np.arange(-126, 1, dtype=np.float64) + 0.5, np.arange(-126, 1, dtype=np.float64)])
+    xs = xs.astype(np.float32)
+    specials = ["-127", "-126.0001", "-1e30", "-inf", "nan"]
+    text = "\n".join([f"{v:.9g}" for v in xs.tolist()] + specials)
+    out = subprocess.run([str(exe)], input=text, capture_output=True, text=True, check=True).stdout.split()
+    got = np.array([float(v) for v in out[:len(xs)]])
+    want = np.exp2(xs.astype(np.float64))
+    rel = np.abs(got / want - 1)
+    assert rel.max() <= 3e-6, (rel.max(), xs[rel.argmax()])
+    assert rel.max() > 1e-7   # the polynomial, not an exact exp2
+    assert got[xs == 0].tolist() == [1.0] * int((xs == 0).sum()) and (xs == 0).any()
+    assert got[xs == -1].tolist() == [0.5] * int((xs == -1).sum())
+    tail = [float(v) for v in out[len(xs):]]
+    assert tail[:4] == [0.0, 0.0, 0.0, 0.0] and np.isnan(tail[4])
+
+
 def test_common_header_compiles_in_every_mode(tmp_path):
     """The shared header parses as plain host C++ for the numeric part and, with clang-19,
     in the device-only HIP mode the gfx942 check uses (other modules' templates rely on it)."""

@@ -49,3 +49,23 @@ AITER_MLA_HD inline uint16_t aiter_mla_float_to_bf16_bits(float f) {
   u += 0x7FFFu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
+
+// 2^x on the FMA pipe, for softmax arguments (x <= 0 up to rounding; valid for x < 127): the
+// fp8 softmax takes part of its exponentials here instead of the SFU's ex2, whose pipe then
+// carries fewer of them (mla_decode_sm90_tile_pairs.cuh). x = j + f with j = round(x) (from
+// the low mantissa bits of x + 1.5 * 2^23) and f in [-0.5, 0.5]; 2^f by a degree-4 polynomial
+// with constant term 1 (so 2^0 = 1 exactly: the row's max keeps p = 1), fitted for relative
+// error (max 2.9e-6, checked on the host in op_tests); 2^j added to the exponent bits. Like
+// ex2.approx.ftz: 0 below -126 (and for -inf), NaN stays NaN.
+AITER_MLA_HD inline float aiter_mla_exp2_fma(float x) {
+  const float kRound = 12582912.f;   // 1.5 * 2^23
+  const float xc = x < -126.f ? -126.f : x;
+  const float t = xc + kRound;
+  const float f = xc - (t - kRound);
+  float p = __builtin_fmaf(0.0095828525870487f, f, 0.05590642847265837f);
+  p = __builtin_fmaf(p, f, 0.24024098645418382f);
+  p = __builtin_fmaf(p, f, 0.693124192890907f);
+  p = __builtin_fmaf(p, f, 1.f);
+  const float r = aiter_mla_u2f(aiter_mla_f2u(p) + (aiter_mla_f2u(t) << 23));
+  return x < -126.f ? 0.f : r;
+}

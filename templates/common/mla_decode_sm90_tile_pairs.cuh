@@ -191,11 +191,15 @@ __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C
     row_max<C>(smem, half)[r0] = ref[0];
     row_max<C>(smem, half)[r0 + 8] = ref[1];
   }
+  // Both warpgroups take their exponentials at once here (lockstep), 2 x 4,096 a pair on one
+  // SFU (16 a cycle: >= 512 cycles); every kFmaEvery-th of a thread's 32 goes to the FMA pipe.
+  constexpr int kFmaEvery = 5;
 #pragma unroll
   for (int j = 0; j < C::kSTiles; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      s[j][e] = fast_exp2(fmaf(s[j][e], sc, -max_ref(ref[e >> 1])));
+      const float x = fmaf(s[j][e], sc, -max_ref(ref[e >> 1]));
+      s[j][e] = (j * 4 + e) % kFmaEvery == kFmaEvery - 1 ? aiter_mla_exp2_fma(x) : fast_exp2(x);
       sum[e >> 1] += s[j][e];
     }
   wg::consumer_sync();       // both warpgroups' local maxima
