@@ -55,9 +55,16 @@ def test_build_failure_exits_nonzero_and_reports(fake_jit, capsys, monkeypatch):
     (["jit", "build", "--all", "fake"], "give no MODULE"),
     (["jit", "clear"], "give a MODULE or --all"),
     (["jit", "render", "fake", "--param", "arch=sm_90a"], "missing parameter(s) n, flavor"),
+    (["jit", "render", "fake"], "missing parameter(s) n, flavor"),   # arch defaults to sm_90a, as in build
     (["metadata", "--batch", "4", "--ctx", "100", "--clusters", "2000000000"], "--clusters must be in [1, 8192]"),
     (["metadata", "--batch", "3", "--ctx", "1,,2"], "--ctx has an empty item"),   # was dropped
     (["metadata", "--batch", "100000000", "--ctx", "10"], "--batch must be in [0, 1048576]"),   # ran for minutes
+    # each named by its flag, not by the scheduler's parameter (num_heads, kv_indptr, ...)
+    (["metadata", "--batch", "2", "--ctx", "10", "--heads", "0"], "--heads must be >= 1, got 0"),
+    (["metadata", "--batch", "2", "--ctx", "10", "--qlen", "1,0"], "--qlen must be >= 1"),
+    (["metadata", "--batch", "2", "--ctx", "10", "--kv-granularity", "3"], "--kv-granularity must be a power of two"),
+    (["metadata", "--batch", "2", "--ctx", "10", "--max-split-per-batch", "0"], "--max-split-per-batch must be"),
+    (["metadata", "--batch", "64", "--ctx", "99999999999"], "--batch 64 x --ctx '99999999999' is 100000000000 KV pages"),
 ])
 def test_bad_usage_exits_nonzero_with_reason(fake_jit, capsys, argv, needle):
     assert main(argv) == 1

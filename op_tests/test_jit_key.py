@@ -106,6 +106,7 @@ def test_arch_changes_key(fake_jit, monkeypatch):
     cfg["modules"]["fake"]["params"]["arch"] = ["sm_90a", "gfx942"]
     fake_jit.write_config(cfg)
     monkeypatch.setenv("AITER_MLA_CLANG", str(fake_jit.compiler))  # stands in for clang-19
+    fake_jit.set_version("clang version 19.1.7")   # a compiler that is not clang is refused
     assert k(arch="sm_90a", n=1, flavor="a") != k(arch="gfx942", n=1, flavor="a")
 
 

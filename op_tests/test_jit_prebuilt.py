@@ -121,6 +121,21 @@ def test_build_all_fills_the_cache_dir_root_only(fake_jit, tmp_path, capsys):
         assert len(m["toolchain_free_lookup"]) == 64 and m["toolchain_free_lookup"] != m["key"]
 
 
+def test_gc_and_clear_take_the_cache_dir_root_too(fake_jit, tmp_path, capsys):
+    """A prebuilt root is cleaned with the same flag that filled it; the default root is left."""
+    root = tmp_path / "image_cache"
+    assert cli.main(["jit", "build", "--all", "--cache-dir", str(root)]) == 0
+    core.build_variant("fake", arch="sm_90a", n=7, flavor="b")   # one entry in the default root
+    assert len(_metas(root)) == 2
+    assert cli.main(["jit", "gc", "--max-bytes", "0", "--cache-dir", str(root)]) == 0
+    assert f"in {root}" in capsys.readouterr().out and _metas(root) == []
+    assert cli.main(["jit", "build", "--all", "--cache-dir", str(root)]) == 0
+    assert cli.main(["jit", "clear", "--all", "--cache-dir", str(root)]) == 0
+    assert f"from {root}" in capsys.readouterr().out and _metas(root) == []
+    assert len(_metas(fake_jit.root)) == 1                        # not AITER_MLA_CACHE_DIR's root
+    assert core._get_state().cache.root == fake_jit.root
+
+
 def test_build_from_file_reads_every_line_form(fake_jit, tmp_path, capsys):
     lst = tmp_path / "variants.txt"
     lst.write_text(textwrap.dedent("""\

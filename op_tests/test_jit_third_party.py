@@ -194,3 +194,16 @@ def test_deps_fetch_cli(upstream, fake_jit, capsys):
     assert main(["deps", "fetch"]) == 0
     assert c1 in capsys.readouterr().out
     assert main(["deps", "fetch", "NoSuchLib"]) == 1
+
+
+def test_aiter_mla_git_that_is_no_executable_is_named(monkeypatch, tmp_path):
+    """AITER_MLA_GIT naming a missing or non-executable file is refused naming the variable
+    (it raised a bare [Errno 2] / [Errno 13])."""
+    from aiter_mla.jit.third_party import _git
+
+    plain = tmp_path / "git.txt"
+    plain.write_text("not a program")
+    for value in (str(tmp_path / "nowhere"), str(plain)):
+        monkeypatch.setenv("AITER_MLA_GIT", value)
+        with pytest.raises(ThirdPartyError, match=f"AITER_MLA_GIT={value!r} is not an executable file"):
+            _git()

@@ -194,6 +194,30 @@ def test_compiler_variable_may_be_a_bare_name(jit_clean, monkeypatch, tmp_path):
         find_compiler("sm_90a", None)
 
 
+def test_a_compiler_that_fails_its_probe_is_named_with_the_variable(jit_clean, monkeypatch, tmp_path):
+    """A compiler variable naming a program whose --version fails (or is not clang) gives one
+    line that names the variable to fix, not the program's whole banner or a Python None."""
+    bad = tmp_path / "not-a-compiler"
+    bad.write_text("#!/bin/sh\necho 'some tool 1.0'\necho 'line two'\necho 'it broke' >&2\nexit 3\n")
+    bad.chmod(0o755)
+    monkeypatch.setenv("AITER_MLA_NVCC", str(bad))
+    with pytest.raises(ToolchainError) as ei:
+        find_compiler("sm_90a", None)
+    msg = str(ei.value)
+    assert "\n" not in msg and "exit status 3: it broke" in msg and "AITER_MLA_NVCC" in msg
+    other = tmp_path / "other-tool"
+    other.write_text("#!/bin/sh\necho 'other tool 2.0'\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("AITER_MLA_CLANG", str(other))
+    monkeypatch.setattr("aiter_mla.jit.toolchain._find_hipcc", lambda: None)   # hipcc is preferred
+    for arch in ("gfx942", "gfx950"):
+        with pytest.raises(ToolchainError) as ei:
+            find_compiler(arch, None)
+        msg = str(ei.value)
+        assert "is not clang" in msg and "'other tool 2.0'" in msg and "AITER_MLA_CLANG" in msg
+        assert "None" not in msg
+
+
 def test_missing_amd_toolchain_says_what_to_install(jit_clean, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("ROCM_PATH", str(tmp_path / "nothing"))

@@ -68,18 +68,21 @@ def register(subparsers) -> None:
     p = jsub.add_parser("clear", help="remove cached entries (skips ones being built)")
     p.add_argument("module", nargs="?")
     p.add_argument("--all", action="store_true", help="every entry and leftover")
+    _add_cache_dir_arg(p)
     p.set_defaults(func=cmd_clear)
 
     p = jsub.add_parser("render", help="print a variant's rendered source (no toolchain needed)")
     p.add_argument("module")
     _add_param_arg(p)
-    p.add_argument("--arch", choices=ARCHS, help="the variant's arch (the same as --param arch=ARCH)")
+    p.add_argument("--arch", choices=ARCHS,
+                   help="the variant's arch (the same as --param arch=ARCH; default sm_90a)")
     p.add_argument("-o", "--output", help="write to this file instead of stdout ('-': stdout)")
     p.set_defaults(func=cmd_render)
 
     p = jsub.add_parser("gc", help="evict least-recently-used entries down to a size")
     p.add_argument("--max-bytes", required=True, type=_parse_bytes,
                    help="size to shrink to: bytes, or with K/M/G suffix")
+    _add_cache_dir_arg(p)
     p.set_defaults(func=cmd_gc)
 
     deps = subparsers.add_parser("deps", help="pinned third-party libraries")
@@ -330,6 +333,7 @@ def cmd_render(args) -> int:
         if "arch" in given and given["arch"] != args.arch:
             raise ParamError(f"--arch {args.arch} and --param arch={given['arch']} disagree: give one")
         given["arch"] = args.arch
+    given.setdefault("arch", "sm_90a")   # as jit build: the lab GPU's arch unless one is named
     params = m.check_params(m.coerce_params(given))
     text = render(m, params, templates_dir()).text
     if args.output and args.output != "-":
@@ -489,6 +493,7 @@ def _managed_caches() -> list:
     return out
 
 
+@_cache_dir_option
 def cmd_clear(args) -> int:
     if bool(args.module) == bool(args.all):
         raise ParamError("give a MODULE or --all, not both" if args.all else "give a MODULE or --all")
@@ -516,6 +521,7 @@ def cmd_clear(args) -> int:
     return 0
 
 
+@_cache_dir_option
 def cmd_gc(args) -> int:
     for cache in _managed_caches():   # --max-bytes applies to each root
         report = cache.gc(args.max_bytes)

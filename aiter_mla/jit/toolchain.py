@@ -222,6 +222,15 @@ def clang_major(version_text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _probe(path: str, identity_dir: Path | None, fix: str) -> str:
+    """:func:`compiler_version`, its error extended with the variable that picks another
+    compiler (``fix``: "VAR to ...")."""
+    try:
+        return compiler_version(path, identity_dir)
+    except ToolchainError as exc:
+        raise ToolchainError(f"{exc} (set {fix})") from None
+
+
 def toolchain_kinds(arch: str) -> tuple[str, ...]:
     """The compiler kinds that can build ``arch``, in the order :func:`find_compiler` prefers
     them. Raises :class:`ToolchainError` for an arch no toolchain builds."""
@@ -240,7 +249,7 @@ def find_compiler(arch: str, identity_dir: Path | None) -> Compiler:
     """
     if arch in NVIDIA_ARCHS:
         path = _find_nvcc()
-        version = compiler_version(path, identity_dir)
+        version = _probe(path, identity_dir, "AITER_MLA_NVCC to a working nvcc, or CUDA_HOME to its toolkit root")
         release = nvcc_release(version)
         if release is None or release < MIN_NVCC_RELEASE:
             found = "names no CUDA release" if release is None else f"is CUDA {release[0]}.{release[1]}"
@@ -253,7 +262,7 @@ def find_compiler(arch: str, identity_dir: Path | None) -> Compiler:
     toolchain_kinds(arch)   # raises for an arch no toolchain builds
     hipcc = _find_hipcc()
     if hipcc:
-        return Compiler("hipcc", hipcc, compiler_version(hipcc, identity_dir))
+        return Compiler("hipcc", hipcc, _probe(hipcc, identity_dir, "AITER_MLA_HIPCC or ROCM_PATH"))
     clang = _find_clang()
     if clang is None:
         raise ToolchainError(
@@ -262,9 +271,14 @@ def find_compiler(arch: str, identity_dir: Path | None) -> Compiler:
             f"(apt-get install clang-19 lld-19; or set AITER_MLA_CLANG) for the gfx942 "
             f"compile-only check"
         )
-    version = compiler_version(clang, identity_dir)
+    version = _probe(clang, identity_dir, "AITER_MLA_CLANG to clang 19 or newer")
     major = clang_major(version)
-    if arch == "gfx950" and (major is None or major < 20):
+    if major is None:
+        first = (version.splitlines() or [""])[0][:120]
+        raise ToolchainError(
+            f"{clang} is not clang: its --version names no 'clang version N' ({first!r}); set "
+            f"AITER_MLA_CLANG to clang 19 or newer (20 or newer for gfx950)")
+    if arch == "gfx950" and major < 20:
         raise ToolchainError(
             f"gfx950 needs a newer toolchain than clang {major} at {clang} (LLVM added gfx950 "
             f"in clang 20): install ROCm 6.4+ (hipcc; set ROCM_PATH or AITER_MLA_HIPCC) or "
@@ -365,10 +379,10 @@ def compiler_version(path: str, identity_dir: Path | None) -> str:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ToolchainError(f"could not run {path} --version: {exc}") from None
     if proc.returncode != 0:
-        raise ToolchainError(
-            f"{path} --version failed with exit status {proc.returncode}: "
-            f"{(proc.stderr or proc.stdout).strip()[-500:]}"
-        )
+        # one line: the output's last line says why (a whole banner would bury the reason)
+        last = ((proc.stderr or proc.stdout).strip().splitlines() or [""])[-1][-200:]
+        raise ToolchainError(f"{path} --version failed with exit status {proc.returncode}"
+                             + (f": {last}" if last else ""))
     version = (proc.stdout + proc.stderr).strip()
     _versions[stamp] = version
     # Remembered only inside a cache root that exists: a lookup (jit list, a load under

@@ -54,7 +54,7 @@ def _lengths(spec: str, batch: int, seed: int) -> list[int]:
 def build(args):
     """The inputs and schedule for parsed CLI arguments: (qo, kv, lpl, tokens, schedule)."""
     from .metadata import default_kv_granularity
-    from .metadata_reference import reference_schedule
+    from .metadata_reference import INT32_MAX, reference_schedule
 
     if not 0 <= args.batch <= MAX_BATCH:
         raise ValueError(f"--batch must be in [0, {MAX_BATCH}] (the schedule is planned by the CPU "
@@ -62,9 +62,19 @@ def build(args):
     ps = args.page_size
     if ps < 1 or ps > 256 or ps & (ps - 1):
         raise ValueError(f"--page-size must be a power of two in 1..256 (the decode kernels' page sizes), got {ps}")
-    G = default_kv_granularity(ps) if args.kv_granularity is None else args.kv_granularity
+    if args.heads < 1:
+        raise ValueError(f"--heads must be >= 1, got {args.heads}")
+    G = args.kv_granularity
+    if G is None:
+        G = default_kv_granularity(ps)
+    elif G < 1 or G & (G - 1):
+        raise ValueError(f"--kv-granularity must be a power of two >= 1 (pages), got {G}")
+    if args.max_split_per_batch == 0:
+        raise ValueError("--max-split-per-batch must be < 0 (no cap) or >= 1, got 0")
     tokens = _lengths(args.ctx, args.batch, args.seed)
     qlens_cycle = _int_list(args.qlen, "qlen")
+    if min(qlens_cycle) < 1:
+        raise ValueError(f"--qlen must be >= 1 q tokens a request, got {args.qlen!r}")
     qlens = [qlens_cycle[b % len(qlens_cycle)] for b in range(args.batch)]
     max_q = max(qlens) if qlens else 1
     clusters = args.clusters
@@ -81,6 +91,10 @@ def build(args):
         kv.append(kv[-1] + pages)
         lpl.append(t - (pages - 1) * ps if pages else 1)
         qo.append(qo[-1] + q)
+    if kv[-1] > INT32_MAX:   # kv_indptr is int32 on the device, as in AITER
+        raise ValueError(f"--batch {args.batch} x --ctx {args.ctx!r} is {kv[-1]} KV pages of {ps} tokens in "
+                         f"all; kv_indptr holds at most {INT32_MAX} (int32): fewer tokens or a larger "
+                         f"--page-size")
     sched = reference_schedule(qo, kv, lpl, num_heads=args.heads, num_clusters=clusters,
                                page_size=ps, kv_granularity=G, max_seqlen_qo=max_q,
                                max_split_per_batch=args.max_split_per_batch)
