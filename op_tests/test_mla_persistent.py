@@ -241,7 +241,8 @@ def test_default_decode_variant_builds_with_wgmma(private_cache, cuobjdump_sass,
     """A real nvcc build (no GPU needed) of the decode variant ``mla_decode_fwd`` picks at
     (heads, 1), page 64: its SASS holds the warpgroup MMAs (QGMMA for fp8, HGMMA for bf16) and
     its per-thread stack stays within DEFAULT_VARIANT_STACK_BOUND. The build is the one users
-    get: a test run's extra flags (a pipeline spin limit, whose trap path spills) are left out."""
+    get: a test run's extra flags (a pipeline spin limit, whose trap path spills) are left out.
+    bf16 at 128 rows copies its KV tiles by TMA multicast, once for both CTAs of the work."""
     import re
     import shutil
     import subprocess
@@ -264,6 +265,10 @@ def test_default_decode_variant_builds_with_wgmma(private_cache, cuobjdump_sass,
     # once per commit group of several (5 to 10 waits for 34 to 60 MMAs).
     n_mma, n_wait = sass.count(mma), sass.count("WARPGROUP.DEPBAR")
     assert 3 * n_wait < n_mma, f"{v}: {n_wait} wgmma waits for {n_mma} MMAs: ptxas serialised them"
+    # bf16 at 128 rows: the work's two CTAs are a thread-block cluster sharing each KV tile's
+    # copy (TMA multicast); the other variants copy per CTA
+    multicast = dtype == "bf16" and heads == 128
+    assert ("UTMALDG.2D.MULTICAST" in sass) == multicast, f"{v}: multicast copies expected: {multicast}"
     res = subprocess.run([cuobjdump, "-res-usage", lib], capture_output=True, text=True, check=True).stdout
     stacks = [int(m) for m in re.findall(r"STACK:(\d+)", res)]
     assert stacks, res

@@ -39,7 +39,7 @@
 namespace mla {
 namespace alt {
 
-template <int BlockN, int PageSize, bool Causal, bool Tma>
+template <int BlockN, int PageSize, bool Causal, bool Tma, bool Multicast>
 struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
   using T = wg::WgmmaTile<BlockN, PageSize, false, Causal>;
   using T::BN;
@@ -69,6 +69,13 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
   // as it is free, and QK starts on the first part that lands. cp.async stages are one part.
   static constexpr int kParts = Tma ? 3 : 1;
   static constexpr int kPartRope = 0;                         // part 1 + h: V half h (column blocks 4h .. 4h + 3)
+  // A 128-row work's two CTAs as one thread-block cluster (1 x 2): each tile is read from L2
+  // once, not twice. CTA rank r's producer copies the parts it owns (rank 0 the RoPE block and
+  // V half 0, rank 1 V half 1: 5 and 4 of a page's 9 boxes) into both CTAs (TMA multicast) and
+  // arms both CTAs' full barriers; the part's empty barrier, in its owner, counts one arrival
+  // per consumer warp of both CTAs that reads it (4 x 2).
+  static constexpr bool kMulticast = Multicast;
+  __host__ __device__ static constexpr int part_owner(int part) { return Multicast && part == 2 ? 1 : 0; }
   static constexpr int kOffBar = kOffRed + T::kRedBytes;      // full[stage][part], empty[stage][part], q_full, q_empty
   static constexpr int kOffQBar = kOffBar + 2 * kStages * kParts * 8;
   static constexpr int kSmemBytes = kOffQBar + (kQTma ? 2 * 8 : 0);
@@ -77,7 +84,41 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
   static_assert(kOffKv % 1024 == 0 && kStageBytes % 1024 == 0 && kOffP % 128 == 0, "aligned operands (128-byte swizzle atoms: 1 KB)");
   static_assert(!Tma || PageSize >= 8, "TMA stages: page_size >= 8");
   static_assert(!Tma || T::kRowBytes / kSwBytes == 9, "TMA parts: 9 column blocks, V's 512 columns in the first 8");
+  static_assert(!Multicast || Tma, "multicast: TMA stages only");
 };
+
+// ---- the thread-block cluster (kMulticast) ----------------------------------------------------
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of both CTAs: the barriers each initialised are visible to the other.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// One arrival on the mbarrier at CTA-relative address bar of CTA `cta` of the cluster (this
+// CTA's own included), ordered after this thread's reads (release, cluster scope).
+__device__ __forceinline__ void mbar_arrive_in(uint32_t bar, uint32_t cta) {
+  asm volatile("{\n .reg .b32 ra;\n mapa.shared::cluster.u32 ra, %0, %1;\n"
+               " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(cta) : "memory");
+}
+// arrive.expect_tx on CTA `cta`'s barrier at CTA-relative address bar.
+__device__ __forceinline__ void mbar_arrive_expect_tx_in(uint32_t bar, uint32_t cta, int bytes) {
+  asm volatile("{\n .reg .b32 ra;\n mapa.shared::cluster.u32 ra, %0, %1;\n"
+               " mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64 _, [ra], %2;\n}\n"
+               ::"r"(bar), "r"(cta), "r"(bytes) : "memory");
+}
+// One box into dst of every CTA in cta_mask, each completing its bytes on its own barrier at
+// the CTA-relative address bar.
+__device__ __forceinline__ void tma_load_box_multicast(uint32_t dst, const void* map, int col, int row, uint32_t bar,
+                                                       uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n"
+      ::"r"(dst), "l"(map), "r"(col), "r"(row), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
 
 // The producer warp's TMA copies of the tile of BN virtual tokens from tok0 into the stage at
 // stage_addr, part by part in the order QK reads them (the RoPE block, V's halves 0 and 1;
@@ -85,10 +126,13 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
 // bytes on its own full barrier (bar_full / bar_empty: the stage's part 0 barrier; part p is
 // 8 p bytes on). Pages past kv_tok_end are not looked up; a part is at most 8 pages x 4
 // column blocks, one box per lane.
+// With kMulticast, rank `rank` copies only the parts it owns, into both CTAs, and arms both
+// CTAs' full barriers (the partner's arm may land after its bytes: the phase completes only
+// once both the arrival and the bytes are in).
 template <class C>
 __device__ __forceinline__ void produce_tile_parts(uint32_t stage_addr, uint32_t bar_full, uint32_t bar_empty,
                                                    uint32_t empty_parity, const void* map, const PageTable& page_table,
-                                                   int tok0, int kv_tok_end, int lane, bool& bad_page) {
+                                                   int tok0, int kv_tok_end, int lane, uint32_t rank, bool& bad_page) {
   static_assert(C::BN / C::kTmaRows * 4 <= 32, "a part's boxes fit the warp's lanes");
   const int pages = (min(C::BN, kv_tok_end - tok0) + C::kTmaRows - 1) / C::kTmaRows;
   int page_row = 0;
@@ -98,16 +142,41 @@ __device__ __forceinline__ void produce_tile_parts(uint32_t stage_addr, uint32_t
   for (int part = 0; part < 3; ++part) {
     const int log2_blocks = part == C::kPartRope ? 0 : 2;   // column blocks: 1 or 4
     const int blk0 = part == C::kPartRope ? 8 : 4 * (part - 1);
+    if (C::kMulticast && static_cast<uint32_t>(C::part_owner(part)) != rank) continue;
     wg::mbar_wait(bar_empty + part * 8, empty_parity);
     AITER_MLA_STAMP(kProduceWait);
-    if (lane == 0) wg::mbar_arrive_expect_tx(bar_full + part * 8, (pages << log2_blocks) * C::kTmaBoxBytes);
+    const int bytes = (pages << log2_blocks) * C::kTmaBoxBytes;
+    if (lane == 0) {
+      wg::mbar_arrive_expect_tx(bar_full + part * 8, bytes);
+      if constexpr (C::kMulticast) mbar_arrive_expect_tx_in(bar_full + part * 8, rank ^ 1u, bytes);
+    }
     __syncwarp();
     const int pg = lane >> log2_blocks, blk = blk0 + (lane & ((1 << log2_blocks) - 1));
     const int row = __shfl_sync(0xffffffffu, page_row, pg & 31);
-    if (pg < pages)
-      wg::tma_load_box(stage_addr + blk * (C::BN * C::kSwBytes) + pg * C::kTmaBoxBytes, map, blk * C::kSwBytes, row,
-                       bar_full + part * 8);
+    if (pg < pages) {
+      const uint32_t dst = stage_addr + blk * (C::BN * C::kSwBytes) + pg * C::kTmaBoxBytes;
+      if constexpr (C::kMulticast)
+        tma_load_box_multicast(dst, map, blk * C::kSwBytes, row, bar_full + part * 8, 0x3);
+      else
+        wg::tma_load_box(dst, map, blk * C::kSwBytes, row, bar_full + part * 8);
+    }
     AITER_MLA_STAMP(kProduceIssue);
+  }
+}
+
+// kMulticast, the producer's last step: waits until both CTAs released every part this rank
+// owns (the next kStages uses' empty phases, as if it were to fill them), so no arrival of the
+// partner's consumers targets this CTA after it exits. bar_empty: stage 0's part 0 barrier;
+// pseq: the tiles this producer filled.
+template <class C>
+__device__ __forceinline__ void wait_partner_releases(uint32_t bar_empty, uint32_t pseq, uint32_t rank) {
+#pragma unroll
+  for (int u = 0; u < C::kStages; ++u) {
+    const uint32_t use = pseq + u;
+#pragma unroll
+    for (int part = 0; part < C::kParts; ++part)
+      if (static_cast<uint32_t>(C::part_owner(part)) == rank)
+        wg::mbar_wait(bar_empty + ((use % C::kStages) * C::kParts + part) * 8, ((use / C::kStages) & 1) ^ 1);
   }
 }
 
