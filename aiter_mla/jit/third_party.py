@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -158,13 +157,13 @@ def resolve(pin: ThirdPartyPin, cache: Cache, allow_fetch: bool) -> Checkout:
 
 
 def _git() -> str:
-    value = env.get("AITER_MLA_GIT")
-    if value:
-        git = shutil.which(value) if os.sep not in value else value
-        if not git or not os.path.isfile(git) or not os.access(git, os.X_OK):
-            raise ThirdPartyError(f"AITER_MLA_GIT={value!r} is not an executable file")
-        return git
-    git = shutil.which("git")
+    from .toolchain import ToolchainError, explicit_tool
+
+    try:
+        git = explicit_tool("AITER_MLA_GIT")   # a path or a name on PATH, checked as the compilers'
+    except ToolchainError as exc:
+        raise ThirdPartyError(str(exc)) from None
+    git = git or shutil.which("git")
     if not git:
         raise ThirdPartyError("git not found: install git (apt-get install git) or set AITER_MLA_GIT")
     return git

@@ -149,8 +149,8 @@ def _first_executable(candidates: list[tuple[str, str | None]]) -> tuple[str, st
     return None
 
 
-def _explicit_tool(var: str) -> str | None:
-    """The compiler ``var`` names (a path, or a bare name such as ``nvcc`` looked up on PATH),
+def explicit_tool(var: str) -> str | None:
+    """The program ``var`` names (a path, or a bare name such as ``nvcc`` looked up on PATH),
     None when unset; raises :class:`ToolchainError` naming ``var`` when it is no executable."""
     value = env.get(var)
     if not value:
@@ -162,7 +162,7 @@ def _explicit_tool(var: str) -> str | None:
 
 
 def _find_nvcc() -> str:
-    explicit = _explicit_tool("AITER_MLA_NVCC")
+    explicit = explicit_tool("AITER_MLA_NVCC")
     if explicit:
         return explicit
     cands = [(var, os.path.join(env.get(var), "bin", "nvcc") if env.get(var) else None)
@@ -185,7 +185,7 @@ def _find_nvcc() -> str:
 
 
 def _find_hipcc() -> str | None:
-    explicit = _explicit_tool("AITER_MLA_HIPCC")
+    explicit = explicit_tool("AITER_MLA_HIPCC")
     if explicit:
         return explicit
     rocm = env.get("ROCM_PATH")
@@ -198,7 +198,7 @@ def _find_hipcc() -> str | None:
 
 
 def _find_clang() -> str | None:
-    explicit = _explicit_tool("AITER_MLA_CLANG")
+    explicit = explicit_tool("AITER_MLA_CLANG")
     if explicit:
         return explicit
     found = _first_executable([("PATH", shutil.which("clang-19"))])
