@@ -182,7 +182,7 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
     check_scalars(num_heads=num_head_qo, num_clusters=1, page_size=1, kv_granularity=1,
-                  max_seqlen_qo=max_seqlen_qo, max_split_per_batch=-1, heads_name="num_head_qo")
+                  max_seqlen_qo=max_seqlen_qo, max_split_per_batch=-1, names={"num_heads": "num_head_qo"})
     return _buffer_specs(batch_size, _arch.num_clusters(num_head_qo, max_seqlen_qo))
 
 
@@ -462,7 +462,7 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
     # checked by the arguments' names before the cluster count is asked (it refuses the same shapes)
     check_scalars(num_heads=num_heads_per_head_k, num_clusters=1 if num_clusters is None else num_clusters,
                   page_size=page_size, kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
-                  max_split_per_batch=max_split_per_batch, heads_name="num_heads_per_head_k")
+                  max_split_per_batch=max_split_per_batch, names={"num_heads": "num_heads_per_head_k"})
     nc = num_clusters if num_clusters is not None else _arch.num_clusters(
         num_heads, max_seqlen_qo, num_heads_k, device=device if device.type == "cuda" else None)
     nsplit = num_splits_for(nc, max_split_per_batch, nb)

@@ -18,6 +18,10 @@ from ..work_info import WI
 MAX_CLUSTERS = 2 * env.registry()["CU_NUM"].maximum
 #: Upper bound of --batch: a typo such as 100000000 ran for ~10 minutes in tens of GB.
 MAX_BATCH = 1 << 20
+#: The scheduler's argument names as this command's flags, for its error messages.
+_FLAGS = {"num_heads": "--heads", "num_clusters": "--clusters", "page_size": "--page-size",
+          "kv_granularity": "--kv-granularity", "max_seqlen_qo": "--qlen",
+          "max_split_per_batch": "--max-split-per-batch"}
 
 
 def _int_list(text: str, name: str) -> list[int]:
@@ -54,7 +58,7 @@ def _lengths(spec: str, batch: int, seed: int) -> list[int]:
 def build(args):
     """The inputs and schedule for parsed CLI arguments: (qo, kv, lpl, tokens, schedule)."""
     from .metadata import default_kv_granularity
-    from .metadata_reference import INT32_MAX, reference_schedule
+    from .metadata_reference import INT32_MAX, check_scalars, reference_schedule
 
     if not 0 <= args.batch <= MAX_BATCH:
         raise ValueError(f"--batch must be in [0, {MAX_BATCH}] (the schedule is planned by the CPU "
@@ -62,19 +66,15 @@ def build(args):
     ps = args.page_size
     if ps < 1 or ps > 256 or ps & (ps - 1):
         raise ValueError(f"--page-size must be a power of two in 1..256 (the decode kernels' page sizes), got {ps}")
-    if args.heads < 1:
-        raise ValueError(f"--heads must be >= 1, got {args.heads}")
-    G = args.kv_granularity
-    if G is None:
-        G = default_kv_granularity(ps)
-    elif G < 1 or G & (G - 1):
-        raise ValueError(f"--kv-granularity must be a power of two >= 1 (pages), got {G}")
-    if args.max_split_per_batch == 0:
-        raise ValueError("--max-split-per-batch must be < 0 (no cap) or >= 1, got 0")
+    G = default_kv_granularity(ps) if args.kv_granularity is None else args.kv_granularity
     tokens = _lengths(args.ctx, args.batch, args.seed)
     qlens_cycle = _int_list(args.qlen, "qlen")
     if min(qlens_cycle) < 1:
         raise ValueError(f"--qlen must be >= 1 q tokens a request, got {args.qlen!r}")
+    # the scheduler's own checks, their messages naming this command's flags
+    check_scalars(num_heads=args.heads, num_clusters=1 if args.clusters is None else args.clusters,
+                  page_size=ps, kv_granularity=G, max_seqlen_qo=max(qlens_cycle),
+                  max_split_per_batch=args.max_split_per_batch, names=_FLAGS)
     qlens = [qlens_cycle[b % len(qlens_cycle)] for b in range(args.batch)]
     max_q = max(qlens) if qlens else 1
     clusters = args.clusters

@@ -97,32 +97,37 @@ def check_int(name: str, value) -> None:
 
 
 def check_scalars(*, num_heads: int, num_clusters: int, page_size: int, kv_granularity: int,
-                  max_seqlen_qo: int, max_split_per_batch: int, heads_name: str = "num_heads") -> None:
+                  max_seqlen_qo: int, max_split_per_batch: int, names: dict | None = None) -> None:
     """Raise TypeError / ValueError / NotImplementedError for scalar arguments outside what the
-    scheduler supports (shared by the reference and the device op, so both reject the same
-    inputs). ``heads_name``: the caller's name for the head count, used in the messages."""
-    for name, value in ((heads_name, num_heads), ("num_clusters", num_clusters),
-                        ("page_size", page_size), ("kv_granularity", kv_granularity),
-                        ("max_seqlen_qo", max_seqlen_qo),
-                        ("max_split_per_batch", max_split_per_batch)):
-        check_int(name, value)
+    scheduler supports (shared by the reference, the device op and the ``metadata`` command, so
+    all reject the same inputs). ``names``: the caller's names for these arguments, used in the
+    messages (``{"num_heads": "num_head_qo"}``; the CLI's flags), each defaulting to its own."""
+    def n(key: str) -> str:
+        return names.get(key, key) if names else key
+
+    for key, value in (("num_heads", num_heads), ("num_clusters", num_clusters),
+                       ("page_size", page_size), ("kv_granularity", kv_granularity),
+                       ("max_seqlen_qo", max_seqlen_qo),
+                       ("max_split_per_batch", max_split_per_batch)):
+        if type(value) is not int:   # names resolved only for a message (per-call path)
+            check_int(n(key), value)
     if num_heads < 1:
-        raise ValueError(f"{heads_name} must be >= 1, got {num_heads}")
+        raise ValueError(f"{n('num_heads')} must be >= 1, got {num_heads}")
     if max_seqlen_qo < 1:
         raise ValueError(
-            f"max_seqlen_qo must be >= 1 (the largest q length of any batch), got {max_seqlen_qo}")
+            f"{n('max_seqlen_qo')} must be >= 1 (the largest q length of any batch), got {max_seqlen_qo}")
     if num_heads > MAX_HEADS or max_seqlen_qo > MAX_SEQLEN_QO:
         raise NotImplementedError(
-            f"{heads_name} * max_seqlen_qo = {num_heads} * {max_seqlen_qo} is not supported: at most "
+            f"{n('num_heads')} * {n('max_seqlen_qo')} = {num_heads} * {max_seqlen_qo} is not supported: at most "
             f"{MAX_HEADS} heads and q length {MAX_SEQLEN_QO} ({MAX_TILE_ROWS} rows a tile)")
     if num_clusters < 1:
-        raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
+        raise ValueError(f"{n('num_clusters')} must be >= 1, got {num_clusters}")
     if not _is_pow2(page_size):
-        raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
+        raise ValueError(f"{n('page_size')} must be a power of two >= 1, got {page_size}")
     if not _is_pow2(kv_granularity):
-        raise ValueError(f"kv_granularity must be a power of two >= 1 (pages), got {kv_granularity}")
+        raise ValueError(f"{n('kv_granularity')} must be a power of two >= 1 (pages), got {kv_granularity}")
     if max_split_per_batch == 0:
-        raise ValueError("max_split_per_batch must be < 0 (no cap) or >= 1, got 0")
+        raise ValueError(f"{n('max_split_per_batch')} must be < 0 (no cap) or >= 1, got 0")
 
 
 def _as_list(x, name: str) -> list[int]:
