@@ -61,8 +61,11 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
   static constexpr int kPGroupBytes = BN * 2 * 8;
   static constexpr int kPBytes = kRows * BN * 2;
   static constexpr int kOffP = kOffKv + kStages * kStageBytes;
-  static constexpr int kOffXchg = kOffP + kPBytes;            // hand-over: m[64], factor[64]
-  static constexpr int kOffRed = kOffXchg + 2 * kRows * 4;    // epilogue row sums (row_totals)
+  static constexpr int kOffXchg = kOffP + kPBytes;            // hand-over: m[64], factor[64] (pairs: m_a, m_b, f_b)
+  static constexpr int kOffRed = kOffXchg + 3 * kRows * 4;    // epilogue row sums (row_totals)
+  // Pair steps (TMA stages): warpgroup 1's P lives in Q's RoPE column block (block 8, 8 KB),
+  // whose Q values each warpgroup holds in registers for the whole work (load_q_rope).
+  static constexpr int kOffP1 = T::kOffQ + 8 * kRows * kSwBytes;
   // A TMA stage is three parts, each with its own full and empty barrier: the RoPE column block
   // (K only: free once the owner's QK is done) and the two 256-column halves of V (free once
   // that half's warpgroup has added the tile into O). The producer refills each part as soon
@@ -77,6 +80,7 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
   static_assert(kOffKv % 1024 == 0 && kStageBytes % 1024 == 0 && kOffP % 128 == 0, "aligned operands (128-byte swizzle atoms: 1 KB)");
   static_assert(!Tma || PageSize >= 8, "TMA stages: page_size >= 8");
   static_assert(!Tma || T::kRowBytes / kSwBytes == 9, "TMA parts: 9 column blocks, V's 512 columns in the first 8");
+  static_assert(!Tma || kPBytes == kRows * kSwBytes, "pairs: a P tile fills Q's RoPE column block");
 };
 
 // The producer warp's TMA copies of the tile of BN virtual tokens from tok0 into the stage at
@@ -274,6 +278,91 @@ template <class C>
 __device__ __forceinline__ void zero_p(uint8_t* smem) {
   for (int i = threadIdx.x; i < C::kPBytes / 16; i += kThreads)
     reinterpret_cast<uint4*>(smem + C::kOffP)[i] = make_uint4(0, 0, 0, 0);
+}
+
+
+// ---- pair steps (TMA stages) -----------------------------------------------------------------
+// Warpgroup 0 scores tile a = 2p, warpgroup 1 tile b = 2p + 1; the row max is chained a -> b ->
+// the next a. Hand-over barriers (256 threads: one warpgroup arrives, the other waits):
+// 9 "P(a) and m_a written" (0 -> 1), 10 "P(b), m_b and f_b written" (1 -> 0), 11 "warpgroup 1
+// has read P(a)" (1 -> 0: the next P(a) may be written).
+__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+constexpr int kBarPa = 9, kBarPb = 10, kBarPaRead = 11;
+
+// S[64 x 64] (+)= A[64 x 16] (registers, the A-fragment layout) . K[64 keys x 16]^T (descriptor), bf16.
+template <int ScaleD>
+__device__ __forceinline__ void wgmma_qk_rs(float (&s)[8][4], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+               "}, {%32, %33, %34, %35}, %36, %37, 1, 1, 0;\n"
+               : "+f"(s[0][0]), "+f"(s[0][1]), "+f"(s[0][2]), "+f"(s[0][3]), "+f"(s[1][0]), "+f"(s[1][1]),
+                 "+f"(s[1][2]), "+f"(s[1][3]), "+f"(s[2][0]), "+f"(s[2][1]), "+f"(s[2][2]), "+f"(s[2][3]),
+                 "+f"(s[3][0]), "+f"(s[3][1]), "+f"(s[3][2]), "+f"(s[3][3]), "+f"(s[4][0]), "+f"(s[4][1]),
+                 "+f"(s[4][2]), "+f"(s[4][3]), "+f"(s[5][0]), "+f"(s[5][1]), "+f"(s[5][2]), "+f"(s[5][3]),
+                 "+f"(s[6][0]), "+f"(s[6][1]), "+f"(s[6][2]), "+f"(s[6][3]), "+f"(s[7][0]), "+f"(s[7][1]),
+                 "+f"(s[7][2]), "+f"(s[7][3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(ScaleD));
+}
+
+// This thread's A fragments of Q's RoPE column block (dims 512-575, k-steps 32-35) from the Q
+// tile (TMA layout: 64 rows x 128 B, 128-byte swizzle: 16-byte chunk c of row r at chunk
+// c ^ (r & 7)). rq[kk][e]: rows r0 (e even) and r0 + 8, columns 16 kk + 2 (lane & 3) (+ 8 for e >= 2).
+template <class C>
+__device__ __forceinline__ void load_q_rope(uint32_t (&rq)[4][4], const uint8_t* smem, int group, int lane) {
+  const uint8_t* blk = smem + C::kOffP1;
+  const int r0 = group * 16 + (lane >> 2);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = r0 + (e & 1) * 8, chunk = 2 * kk + (e >> 1);
+      rq[kk][e] = *reinterpret_cast<const uint32_t*>(blk + r * C::kSwBytes + ((chunk ^ (r & 7)) * 16) + (lane & 3) * 4);
+    }
+}
+
+// QK of a pair step: as qk_issue_parts, with the RoPE k-steps' A from registers (rq), so Q's
+// RoPE block in shared memory is free for warpgroup 1's P.
+template <class C, class WaitPart, class Between>
+__device__ __forceinline__ void qk_issue_parts_rq(float (&s)[8][4], const uint32_t (&rq)[4][4], uint32_t q_addr,
+                                                  uint32_t k_addr, WaitPart wait_part, Between between) {
+  wg::fence_operands(s);
+  wait_part(0);
+  wg::wgmma_fence();
+  wgmma_qk_rs<0>(s, rq[0], wg::k_desc<C>(k_addr, 32));
+#pragma unroll
+  for (int kk = 1; kk < 4; ++kk) wgmma_qk_rs<1>(s, rq[kk], wg::k_desc<C>(k_addr, 32 + kk));
+  wg::wgmma_commit();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (h == 1) between();
+    wait_part(1 + h);
+    wg::wgmma_fence();
+#pragma unroll
+    for (int kk = 16 * h; kk < 16 * h + 16; ++kk)
+      wg::wgmma_qk<false, 1>(s, wg::q_desc<C>(q_addr, kk), wg::k_desc<C>(k_addr, kk));
+    wg::wgmma_commit();
+  }
+  wg::fence_operands(s);
+}
+
+// Writes P (the A fragments of softmax_tile) into the P tile at p_off, the layout pv_issue_ss reads.
+template <class C>
+__device__ __forceinline__ void write_p(const uint32_t (&a)[C::BN / 16][4], uint8_t* smem, int p_off, int group,
+                                        int lane) {
+  const int r0 = group * 16 + (lane >> 2);
+  uint8_t* p_tile = smem + p_off + (r0 >> 3) * C::kPGroupBytes + (r0 & 7) * 16 + (lane & 3) * 4;
+#pragma unroll
+  for (int kk = 0; kk < C::BN / 16; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      *reinterpret_cast<uint32_t*>(p_tile + (e & 1) * C::kPGroupBytes + (2 * kk + (e >> 1)) * 128) = a[kk][e];
+}
+
+// exp2(m_prev - m_new) with the softmax's -inf convention (a row still without a key: 0).
+__device__ __forceinline__ float chain_factor(float m_prev, float m_new) {
+  return fast_exp2(m_prev - (m_new == -INFINITY ? 0.f : m_new));
 }
 
 }  // namespace alt
