@@ -4,7 +4,10 @@
 - ``metadata``                        -> :mod:`aiter_mla.ops.metadata_dump`
 - ``bench``                           -> :mod:`aiter_mla.bench.commands`
 
-Every command returns a non-zero exit status on any failure.
+Exit status: 0 on success; 2 when the command line itself is wrong (argparse's own errors, and a
+value, template parameter, module or variants file it names: ParamError, UnknownModuleError,
+VariantsFileError, the metadata command's FlagValueError), as argparse does; 1 when the work
+failed (a build, a GPU, a cache folder); 130 / 143 on Ctrl-C / SIGTERM, 141 on a closed pipe.
 """
 from __future__ import annotations
 
@@ -90,8 +93,17 @@ def main(argv: list[str] | None = None) -> int:
             reason += " (this command needs PyTorch: pip install torch)"
         reason += _cache_root_hint(exc)
         print(f"aiter-mla {args.command}: error: {reason}", file=sys.stderr)
-        return 1
+        return 2 if _is_usage_error(exc) else 1
     return int(rc or 0)
+
+
+def _is_usage_error(exc: BaseException) -> bool:
+    """Whether ``exc`` says the command line is wrong (exit 2) rather than that the work failed."""
+    from .jit.commands import VariantsFileError
+    from .jit.config import ParamError, UnknownModuleError
+    from .ops.metadata_dump import FlagValueError
+
+    return isinstance(exc, (ParamError, UnknownModuleError, VariantsFileError, FlagValueError))
 
 
 def _cache_root_hint(exc: BaseException) -> str:

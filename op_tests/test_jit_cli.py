@@ -66,8 +66,9 @@ def test_build_failure_exits_nonzero_and_reports(fake_jit, capsys, monkeypatch):
     (["metadata", "--batch", "2", "--ctx", "10", "--max-split-per-batch", "0"], "--max-split-per-batch must be"),
     (["metadata", "--batch", "64", "--ctx", "99999999999"], "--batch 64 x --ctx '99999999999' is 100000000000 KV pages"),
 ])
-def test_bad_usage_exits_nonzero_with_reason(fake_jit, capsys, argv, needle):
-    assert main(argv) == 1
+def test_bad_usage_exits_2_with_reason(fake_jit, capsys, argv, needle):
+    """A wrong command line exits 2, as argparse's own errors do (a failed build exits 1)."""
+    assert main(argv) == 2
     assert needle in capsys.readouterr().err
 
 
@@ -95,7 +96,7 @@ def test_render_to_file_needs_no_toolchain(fake_jit, tmp_path, monkeypatch, caps
     assert main(["jit", "render", "convert_fp8", "--arch", "gfx950", "--param", "out_dtype=bf16"]) == 0
     assert capsys.readouterr().out == via_param
     assert main(["jit", "render", "convert_fp8", "--arch", "gfx950", "--param", "arch=sm_90a",
-                 "--param", "out_dtype=bf16"]) == 1
+                 "--param", "out_dtype=bf16"]) == 2
     assert "disagree" in capsys.readouterr().err
 
 
@@ -142,7 +143,7 @@ def test_module_entry_point_exit_code(fake_jit):
     assert ok.returncode == 0, ok.stderr
     bad = subprocess.run([sys.executable, "-m", "aiter_mla", "jit", "build", "nope"],
                          env=fake_jit.env, capture_output=True, text=True)
-    assert bad.returncode == 1 and "unknown JIT module" in bad.stderr
+    assert bad.returncode == 2 and "unknown JIT module" in bad.stderr
 
 
 def test_readme_has_two_setup_commands_and_ci_runs_the_test_one():
@@ -199,7 +200,7 @@ def test_substituted_params_skip_excluded_defaults(fake_jit, capsys):
     err = capsys.readouterr().err
     assert "skipped fake(arch=sm_90a, flavor=b, n=2)" in err and "not with b" in err
     assert "1 of 1 ok" in err
-    assert main(["jit", "build", "fake", "--param", "flavor=b", "--param", "n=2"]) == 1
+    assert main(["jit", "build", "fake", "--param", "flavor=b", "--param", "n=2"]) == 2   # usage: all refused
     assert "not with b" in capsys.readouterr().err
 
 
@@ -277,7 +278,7 @@ def test_an_exception_without_text_still_says_what_happened(monkeypatch, capsys)
 
 def test_arch_option_and_arch_param_must_agree(jit_clean, capsys):
     """--arch used to win silently over a different --param arch."""
-    assert main(["jit", "build", "mla_reduce", "--arch", "sm_90a", "--param", "arch=gfx942"]) == 1
+    assert main(["jit", "build", "mla_reduce", "--arch", "sm_90a", "--param", "arch=gfx942"]) == 2
     assert "--arch sm_90a and --param arch=gfx942 disagree" in capsys.readouterr().err
 
 

@@ -173,7 +173,7 @@ BAD_LISTS = [
 def test_a_bad_list_file_is_a_one_line_error_naming_file_and_line(fake_jit, tmp_path, capsys, content, needle):
     lst = tmp_path / "variants.txt"
     (lst.write_bytes if isinstance(content, bytes) else lst.write_text)(content)
-    assert cli.main(["jit", "build", "--from-file", str(lst)]) == 1
+    assert cli.main(["jit", "build", "--from-file", str(lst)]) == 2   # the command line names a bad file
     out = capsys.readouterr()
     assert out.err.count("\n") == 1 and "Traceback" not in out.err + out.out, out.err
     assert out.err.startswith(f"aiter-mla jit: error: {lst}{needle}") or \
@@ -189,7 +189,7 @@ def test_a_bad_list_file_is_a_one_line_error_naming_file_and_line(fake_jit, tmp_
 ])
 def test_from_file_usage_errors(fake_jit, tmp_path, capsys, argv, needle):
     (tmp_path / "v.txt").write_text("fake arch=sm_90a n=1 flavor=a\n")
-    assert cli.main(["jit", "build", *(a.format(tmp=tmp_path) for a in argv)]) == 1
+    assert cli.main(["jit", "build", *(a.format(tmp=tmp_path) for a in argv)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"aiter-mla jit: error: {needle.format(tmp=tmp_path)}") and err.count("\n") == 1, err
     assert fake_jit.started() == 0

@@ -24,16 +24,21 @@ _FLAGS = {"num_heads": "--heads", "num_clusters": "--clusters", "page_size": "--
           "max_split_per_batch": "--max-split-per-batch"}
 
 
+class FlagValueError(ValueError):
+    """A flag's value is malformed or out of range; the message names the flag. The command
+    line exits 2 on it, as on argparse's own errors (:func:`aiter_mla.cli.main`)."""
+
+
 def _int_list(text: str, name: str) -> list[int]:
     """``a,b,c`` as ints; an empty item (``1,,2``, a trailing comma) is refused, not dropped: it
     would shift which length each batch gets."""
     items = text.split(",")
     if any(not x.strip() for x in items):
-        raise ValueError(f"--{name} has an empty item: an int or a comma list of ints, got {text!r}")
+        raise FlagValueError(f"--{name} has an empty item: an int or a comma list of ints, got {text!r}")
     try:
         return [int(x) for x in items]
     except ValueError:
-        raise ValueError(f"--{name} must be an int or a comma list of ints, got {text!r}") from None
+        raise FlagValueError(f"--{name} must be an int or a comma list of ints, got {text!r}") from None
 
 
 def _lengths(spec: str, batch: int, seed: int) -> list[int]:
@@ -42,44 +47,50 @@ def _lengths(spec: str, batch: int, seed: int) -> list[int]:
         try:
             lo, hi = (int(x) for x in spec.split("-", 1))
         except ValueError:
-            raise ValueError(f"--ctx range must be LO-HI with ints, got {spec!r}") from None
+            raise FlagValueError(f"--ctx range must be LO-HI with ints, got {spec!r}") from None
         if not 0 <= lo <= hi:
-            raise ValueError(f"--ctx range LO-HI needs 0 <= LO <= HI, got {spec!r}")
+            raise FlagValueError(f"--ctx range LO-HI needs 0 <= LO <= HI, got {spec!r}")
         rng = random.Random(seed)
         return [rng.randint(lo, hi) for _ in range(batch)]
     vals = _int_list(spec, "ctx")
     if not vals:
-        raise ValueError("--ctx is empty")
+        raise FlagValueError("--ctx is empty")
     if min(vals) < 0:
-        raise ValueError(f"--ctx lengths must be >= 0 tokens, got {spec!r}")
+        raise FlagValueError(f"--ctx lengths must be >= 0 tokens, got {spec!r}")
     return [vals[b % len(vals)] for b in range(batch)]
 
 
 def build(args):
-    """The inputs and schedule for parsed CLI arguments: (qo, kv, lpl, tokens, schedule)."""
+    """The inputs and schedule for parsed CLI arguments: (qo, kv, lpl, tokens, schedule).
+
+    Raises :class:`FlagValueError` naming the flag for a malformed or out-of-range value (the
+    scheduler's own range checks included)."""
     from .metadata import default_kv_granularity
     from .metadata_reference import INT32_MAX, check_scalars, reference_schedule
 
     if not 0 <= args.batch <= MAX_BATCH:
-        raise ValueError(f"--batch must be in [0, {MAX_BATCH}] (the schedule is planned by the CPU "
+        raise FlagValueError(f"--batch must be in [0, {MAX_BATCH}] (the schedule is planned by the CPU "
                          f"reference in Python: 10**6 requests take ~6 s and ~0.9 GB), got {args.batch}")
     ps = args.page_size
     if ps < 1 or ps > 256 or ps & (ps - 1):
-        raise ValueError(f"--page-size must be a power of two in 1..256 (the decode kernels' page sizes), got {ps}")
+        raise FlagValueError(f"--page-size must be a power of two in 1..256 (the decode kernels' page sizes), got {ps}")
     G = default_kv_granularity(ps) if args.kv_granularity is None else args.kv_granularity
     tokens = _lengths(args.ctx, args.batch, args.seed)
     qlens_cycle = _int_list(args.qlen, "qlen")
     if min(qlens_cycle) < 1:
-        raise ValueError(f"--qlen must be >= 1 q tokens a request, got {args.qlen!r}")
+        raise FlagValueError(f"--qlen must be >= 1 q tokens a request, got {args.qlen!r}")
     # the scheduler's own checks, their messages naming this command's flags
-    check_scalars(num_heads=args.heads, num_clusters=1 if args.clusters is None else args.clusters,
-                  page_size=ps, kv_granularity=G, max_seqlen_qo=max(qlens_cycle),
-                  max_split_per_batch=args.max_split_per_batch, names=_FLAGS)
+    try:
+        check_scalars(num_heads=args.heads, num_clusters=1 if args.clusters is None else args.clusters,
+                      page_size=ps, kv_granularity=G, max_seqlen_qo=max(qlens_cycle),
+                      max_split_per_batch=args.max_split_per_batch, names=_FLAGS)
+    except ValueError as exc:
+        raise FlagValueError(str(exc)) from None
     qlens = [qlens_cycle[b % len(qlens_cycle)] for b in range(args.batch)]
     max_q = max(qlens) if qlens else 1
     clusters = args.clusters
     if clusters is not None and not 1 <= clusters <= MAX_CLUSTERS:
-        raise ValueError(f"--clusters must be in [1, {MAX_CLUSTERS}], got {clusters}")
+        raise FlagValueError(f"--clusters must be in [1, {MAX_CLUSTERS}], got {clusters}")
     if clusters is None:
         try:
             clusters = arch.num_clusters(args.heads, max_q)
@@ -92,7 +103,7 @@ def build(args):
         lpl.append(t - (pages - 1) * ps if pages else 1)
         qo.append(qo[-1] + q)
     if kv[-1] > INT32_MAX:   # kv_indptr is int32 on the device, as in AITER
-        raise ValueError(f"--batch {args.batch} x --ctx {args.ctx!r} is {kv[-1]} KV pages of {ps} tokens in "
+        raise FlagValueError(f"--batch {args.batch} x --ctx {args.ctx!r} is {kv[-1]} KV pages of {ps} tokens in "
                          f"all; kv_indptr holds at most {INT32_MAX} (int32): fewer tokens or a larger "
                          f"--page-size")
     sched = reference_schedule(qo, kv, lpl, num_heads=args.heads, num_clusters=clusters,
