@@ -447,11 +447,12 @@ def test_stamp_build_exports_the_layout_and_plain_build_has_none(private_cache, 
     assert stamped.key != plain.key
     lib = ctypes.CDLL(str(stamped.lib_path))
     dims = (ctypes.c_int * 3)()
-    assert getattr(lib, pb.LAYOUT_FN)(dims) == 0 and list(dims) == [1024, 3, 10]
+    assert getattr(lib, pb.LAYOUT_FN)(dims) == 0 and list(dims) == [1024, 3, 11]
     names_fn = getattr(lib, pb.NAMES_FN)   # attribute access keeps one handle, and its restype
     names_fn.restype = ctypes.c_char_p
     names = names_fn().decode().split(",")
-    assert names == ["pdl_wait", "work", "kv_wait", "qk", "softmax", "pv", "produce_wait", "produce_issue", "handover"]
+    assert names == ["pdl_wait", "work", "kv_wait", "qk", "softmax", "pv", "produce_wait", "produce_issue", "handover",
+                     "epilogue"]
     plain_lib = ctypes.CDLL(str(plain.lib_path))
     for fn in (pb.LAYOUT_FN, pb.NAMES_FN, pb.STAMPS_FN):
         assert hasattr(lib, fn) and not hasattr(plain_lib, fn), fn

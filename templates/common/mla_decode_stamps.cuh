@@ -23,7 +23,7 @@ constexpr int kSlots = 1024;
 constexpr int kRoles = 3;   // consumer warpgroup 0, consumer warpgroup 1, the producer warp
 enum Phase : int {
   kPdlWait,       // kernel entry to the end of the PDL wait
-  kWork,          // a work's set-up (record, Q) and epilogue (output, LSE)
+  kWork,          // a work's set-up: its record, its Q (the first work's: the pipeline's fill)
   kKvWait,        // waiting for a KV stage to land (consumers)
   kQk,            // S = Q K^T, promoted
   kSoftmax,       // masking, row max (exchange included), P written
@@ -31,9 +31,10 @@ enum Phase : int {
   kProduceWait,   // the producer waiting for a free stage (or for the consumers' first Q)
   kProduceIssue,  // the producer's page lookups and copy issue
   kHandover,      // waiting for the other warpgroup's hand-over (alternating)
+  kEpilogue,      // a work's epilogue: output, LSE, the split merge's arrival
   kPhases
 };
-constexpr const char* kNames = "pdl_wait,work,kv_wait,qk,softmax,pv,produce_wait,produce_issue,handover";
+constexpr const char* kNames = "pdl_wait,work,kv_wait,qk,softmax,pv,produce_wait,produce_issue,handover,epilogue";
 
 constexpr int kFields = kPhases + 2;   // the phases, the tile count, the last stamp's clock
 constexpr int kSmemBytes = (kRoles * kFields * 8 + 127) / 128 * 128;
