@@ -6,13 +6,15 @@
 
 Exit status: 0 on success; 2 when the command line itself is wrong (argparse's own errors, and a
 value, template parameter, module or variants file it names: ParamError, UnknownModuleError,
-VariantsFileError, the metadata command's FlagValueError), as argparse does; 1 when the work
+VariantsFileError, CommandLineError), as argparse does; 1 when the work
 failed (a build, a GPU, a cache folder); 130 / 143 on Ctrl-C / SIGTERM, 141 on a closed pipe.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+
+from .cli_errors import CommandLineError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,9 +103,8 @@ def _is_usage_error(exc: BaseException) -> bool:
     """Whether ``exc`` says the command line is wrong (exit 2) rather than that the work failed."""
     from .jit.commands import VariantsFileError
     from .jit.config import ParamError, UnknownModuleError
-    from .ops.metadata_dump import FlagValueError
 
-    return isinstance(exc, (ParamError, UnknownModuleError, VariantsFileError, FlagValueError))
+    return isinstance(exc, (ParamError, UnknownModuleError, VariantsFileError, CommandLineError))
 
 
 def _cache_root_hint(exc: BaseException) -> str:

@@ -54,8 +54,8 @@ def test_build_failure_exits_nonzero_and_reports(fake_jit, capsys, monkeypatch):
     (["jit", "build", "fake", "--param", "n"], "expected NAME=VALUE"),
     (["jit", "build", "--all", "fake"], "give no MODULE"),
     (["jit", "clear"], "give a MODULE or --all"),
-    (["jit", "render", "fake", "--param", "arch=sm_90a"], "missing parameter(s) n, flavor"),
-    (["jit", "render", "fake"], "missing parameter(s) n, flavor"),   # arch defaults to sm_90a, as in build
+    (["jit", "render", "fake", "--param", "arch=sm_90a"], "missing parameter(s) n (allowed: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16), flavor (allowed: 'a', 'b')"),
+    (["jit", "render", "fake"], "missing parameter(s) n (allowed: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16), flavor (allowed: 'a', 'b')"),   # arch defaults to sm_90a, as in build
     (["metadata", "--batch", "4", "--ctx", "100", "--clusters", "2000000000"], "--clusters must be in [1, 8192]"),
     (["metadata", "--batch", "3", "--ctx", "1,,2"], "--ctx has an empty item"),   # was dropped
     (["metadata", "--batch", "100000000", "--ctx", "10"], "--batch must be in [0, 1048576]"),   # ran for minutes
@@ -65,6 +65,9 @@ def test_build_failure_exits_nonzero_and_reports(fake_jit, capsys, monkeypatch):
     (["metadata", "--batch", "2", "--ctx", "10", "--kv-granularity", "3"], "--kv-granularity must be a power of two"),
     (["metadata", "--batch", "2", "--ctx", "10", "--max-split-per-batch", "0"], "--max-split-per-batch must be"),
     (["metadata", "--batch", "64", "--ctx", "99999999999"], "--batch 64 x --ctx '99999999999' is 100000000000 KV pages"),
+    (["metadata", "--batch", "4", "--ctx", "100", "--heads", "129"], "--heads * --qlen = 129 * 1 is not supported"),
+    (["metadata", "--batch", "4", "--ctx", "100", "--qlen", "1,17"], "--heads * --qlen = 128 * 17 is not supported"),
+    (["deps", "fetch", "nosuch"], "'nosuch' is not pinned"),
 ])
 def test_bad_usage_exits_2_with_reason(fake_jit, capsys, argv, needle):
     """A wrong command line exits 2, as argparse's own errors do (a failed build exits 1)."""
@@ -287,7 +290,11 @@ def test_list_with_a_missing_template_lists_and_exits_1(fake_jit, capsys, monkey
     exit status says it failed (it was 0)."""
     monkeypatch.setenv("AITER_MLA_TEMPLATES_DIR", str(tmp_path / "nonexistent"))
     assert main(["jit", "list"]) == 1
-    assert "template missing" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "template missing" in out.out
+    # and says so on stderr, naming the folder and the variable (it printed nothing there)
+    assert out.err.startswith("aiter-mla jit list: error: ") and str(tmp_path / "nonexistent") in out.err
+    assert "(AITER_MLA_TEMPLATES_DIR)" in out.err
     assert main(["jit", "list", "--json"]) == 1
     mods = json.loads(capsys.readouterr().out)["modules"]
     assert mods and not any(m["template_exists"] for m in mods)

@@ -193,7 +193,7 @@ def test_deps_fetch_cli(upstream, fake_jit, capsys):
     fake_jit.write_config(_hk_config(repo, c1))
     assert main(["deps", "fetch"]) == 0
     assert c1 in capsys.readouterr().out
-    assert main(["deps", "fetch", "NoSuchLib"]) == 1
+    assert main(["deps", "fetch", "NoSuchLib"]) == 2   # a name that is not pinned: a usage error
 
 
 def test_aiter_mla_git_that_is_no_executable_is_named(monkeypatch, tmp_path):

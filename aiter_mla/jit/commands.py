@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from .. import env
+from ..cli_errors import CommandLineError
 from ..version import __version__
 from ..paths import unmakeable_folder_reason
 from ..arch import AMD_ARCHS, ARCHS, NVIDIA_ARCHS, is_experimental_enabled
@@ -340,7 +341,7 @@ def cmd_render(args) -> int:
         try:
             Path(args.output).write_text(text)
         except OSError as exc:
-            print(f"aiter-mla jit render: -o {args.output}: cannot write it "
+            print(f"aiter-mla jit render: error: -o {args.output}: cannot write it "
                   f"({exc.strerror or exc})", file=sys.stderr)
             return 1
         print(f"wrote {args.output} ({len(text)} characters)", file=sys.stderr)
@@ -431,7 +432,13 @@ def cmd_list(args) -> int:
             mod["variants"] = [v for v in mod["variants"]
                                if isinstance(v["params"], dict) and v["params"].get("arch") == args.arch]
     # a missing template is a failure (README: every command exits non-zero on one), listed anyway
-    rc = 1 if any(not mod["template_exists"] for mod in rows) else 0
+    missing = [mod["template"] for mod in rows if not mod["template_exists"]]
+    rc = 1 if missing else 0
+    if missing:
+        where = templates_dir()
+        origin = " (AITER_MLA_TEMPLATES_DIR)" if env.is_set("AITER_MLA_TEMPLATES_DIR") else ""
+        print(f"aiter-mla jit list: error: {len(missing)} template(s) missing from {where}{origin}: "
+              f"{', '.join(missing)}", file=sys.stderr)
     if args.variants:
         print(f"# for 'aiter-mla jit build --from-file FILE' (cache root: {st.cache.root})")
         lines = {}
@@ -539,7 +546,7 @@ def cmd_deps_fetch(args) -> int:
     st = core._get_state()
     for n in names:
         if n not in cfg.third_party:
-            raise ValueError(f"{n!r} is not pinned in {cfg.path} (pinned: "
+            raise CommandLineError(f"{n!r} is not pinned in {cfg.path} (pinned: "
                              f"{', '.join(sorted(cfg.third_party))})")
         co = third_party.resolve(cfg.third_party[n], st.cache, allow_fetch=True)
         print(f"{n} {co.commit} verified at {co.path} (from {co.origin}, "
@@ -665,7 +672,8 @@ def cmd_info(args) -> int:
     for other in c["also_read"]:
         state = other["error"] or f"{other['entries']} entries, {other['total_bytes']} bytes"
         print(f"cache: {other['root']} (per-user fallback, also read by lookups), {state}")
-    print(f"config: {info['config']}; templates: {info['templates']}; experimental: "
+    tdir = "" if Path(info["templates"]).is_dir() else " (MISSING: no such folder)"
+    print(f"config: {info['config']}; templates: {info['templates']}{tdir}; experimental: "
           f"{'on' if info['experimental_enabled'] else 'off'}")
     for name, p in pins.items():
         where = p.get("path") or p.get("detail")

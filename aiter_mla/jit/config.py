@@ -107,10 +107,8 @@ class ModuleConfig:
         and allowed. Raises :class:`ParamError` listing the allowed values."""
         missing = [p for p in self.params if p not in params]
         if missing:
-            detail = "; ".join(f"{p} (allowed: {_fmt_values(self.params[p])})" for p in missing)
-            raise ParamError(
-                f"module {self.name!r}: missing parameter(s) {', '.join(missing)}: {detail}"
-            )
+            detail = ", ".join(f"{p} (allowed: {_fmt_values(self.params[p])})" for p in missing)
+            raise ParamError(f"module {self.name!r}: missing parameter(s) {detail}")
         unknown = sorted(p for p in params if p not in self.params)
         if unknown:
             raise ParamError(

@@ -11,6 +11,7 @@ import json
 import random
 
 from .. import arch, env
+from ..cli_errors import CommandLineError
 from ..work_info import WI
 
 #: Upper bound of --clusters: 2 x CU_NUM's bound (m16x4 runs two clusters per CU); a typo such
@@ -24,7 +25,7 @@ _FLAGS = {"num_heads": "--heads", "num_clusters": "--clusters", "page_size": "--
           "max_split_per_batch": "--max-split-per-batch"}
 
 
-class FlagValueError(ValueError):
+class FlagValueError(CommandLineError):
     """A flag's value is malformed or out of range; the message names the flag. The command
     line exits 2 on it, as on argparse's own errors (:func:`aiter_mla.cli.main`)."""
 
@@ -84,7 +85,7 @@ def build(args):
         check_scalars(num_heads=args.heads, num_clusters=1 if args.clusters is None else args.clusters,
                       page_size=ps, kv_granularity=G, max_seqlen_qo=max(qlens_cycle),
                       max_split_per_batch=args.max_split_per_batch, names=_FLAGS)
-    except ValueError as exc:
+    except (ValueError, NotImplementedError) as exc:   # out of range, or past the kernels' shapes
         raise FlagValueError(str(exc)) from None
     qlens = [qlens_cycle[b % len(qlens_cycle)] for b in range(args.batch)]
     max_q = max(qlens) if qlens else 1
@@ -93,9 +94,12 @@ def build(args):
         raise FlagValueError(f"--clusters must be in [1, {MAX_CLUSTERS}], got {clusters}")
     if clusters is None:
         try:
-            clusters = arch.num_clusters(args.heads, max_q)
-        except RuntimeError:
-            clusters = arch.num_clusters(args.heads, max_q, cu=132)   # an H200: no GPU here, CU_NUM unset
+            try:
+                clusters = arch.num_clusters(args.heads, max_q)
+            except RuntimeError:
+                clusters = arch.num_clusters(args.heads, max_q, cu=132)   # an H200: no GPU here, CU_NUM unset
+        except ValueError as exc:   # heads x qlen past the kernels' rows: a flag value
+            raise FlagValueError(str(exc)) from None
     qo, kv, lpl = [0], [0], []
     for t, q in zip(tokens, qlens):
         pages = -(-t // ps)
@@ -218,16 +222,18 @@ def register(subparsers) -> None:
     p.add_argument("--batch", type=int, required=True, help="number of requests")
     p.add_argument("--ctx", required=True,
                    help="KV tokens per request: N, a comma list (cycled), or LO-HI (random)")
-    p.add_argument("--heads", type=int, default=128, help="q heads (per KV head)")
-    p.add_argument("--qlen", default="1", help="q tokens per request: N or a comma list (cycled)")
-    p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--heads", type=int, default=128, help="q heads (per KV head; default 128)")
+    p.add_argument("--qlen", default="1", help="q tokens per request: N or a comma list (cycled; default 1)")
+    p.add_argument("--page-size", type=int, default=64, help="KV tokens per page (default 64)")
     p.add_argument("--kv-granularity", type=int, default=None,
                    help="pages per cost block (default max(1, 64 // page_size), as the decode op)")
     p.add_argument("--clusters", type=int, default=None,
                    help="work lists (default: aiter_mla.arch.num_clusters for the GPU or CU_NUM, "
                         "an H200's 132 SMs if neither: 264 for <= 32 rows (heads x qlen), 132 up to 64, "
                         "then 132 // the 64-row blocks: 66 at 128 rows, 33 at 256, 4 at 2048)")
-    p.add_argument("--max-split-per-batch", type=int, default=-1)
+    p.add_argument("--max-split-per-batch", type=int, default=-1,
+                   help="caps the split count at this x --batch, as AITER's max_split_per_batch "
+                        "(default -1: no cap)")
     p.add_argument("--seed", type=int, default=0, help="seed for --ctx LO-HI")
     p.add_argument("--works", action="store_true", help="also list every work record")
     p.add_argument("--json", action="store_true", help="print the schedule as JSON")
