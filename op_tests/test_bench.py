@@ -249,8 +249,9 @@ def test_deepseek_sm_scale():
 
 def test_default_sweep_is_the_seed_table():
     args = main_parser().parse_args(["bench"])
+    assert args.kv_dtype is None   # -kvd defaults to -d (bench.commands.run)
     specs = sweep.plan_rows(args.heads_qlen, args.batch, args.ctx, args.page_size, args.dtype,
-                            args.kv_dtype, args.varlen)
+                            args.dtype, args.varlen)
     assert len(specs) == 72
     assert {(s.batch, s.ctx) for s in specs} == set(reference_numbers.seed_mi355_table())
     assert all((s.heads, s.qlen, s.page_size, s.q_dtype, s.kv_dtype) == (128, 1, 64, "fp8", "fp8")
@@ -440,7 +441,7 @@ def test_command_line_round_trips():
                                      "-o", "docs/perf", "--tag", "x"])
     cmd = commands.command_line(args)
     assert cmd == ("aiter-mla bench -n 16,1 64,1 -b 1 2 -c 21 64 256 512 1200 3200 5200 8192 23333 "
-                   "--page-size 64 -d fp8 -kvd fp8 --varlen -o docs/perf --tag x")
+                   "--page-size 64 -d fp8 --varlen -o docs/perf --tag x")
     again = main_parser().parse_args(cmd.split()[1:])
     assert vars(again) == vars(args)
 
@@ -670,7 +671,7 @@ def test_bad_arguments_exit_2_before_building(monkeypatch, capsys):
     monkeypatch.setattr(commands, "compile_only", lambda args: built.append(args) or 0)
     parser = argparse.ArgumentParser()
     commands.add_arguments(parser)
-    for argv, needle in [(["-d", "bf16"], "-d bf16 with -kvd fp8: the kernels take Q and KV of one dtype"),
+    for argv, needle in [(["-d", "bf16", "-kvd", "fp8"], "-d bf16 with -kvd fp8: the kernels take Q and KV of one dtype"),
                          (["-kvd", "bf16"], "give -d and -kvd the same value"),
                          (["-b", "1", "-c", "1000000000", "--varlen"], "--varlen draws up to 8 x ctx"),
                          (["-b", "1", "-c", "3000000000"], "a request must have < 2**31 KV tokens"),
@@ -680,6 +681,9 @@ def test_bad_arguments_exit_2_before_building(monkeypatch, capsys):
         assert commands.run(parser.parse_args(["--compile-only", *argv])) == 2
         assert needle in capsys.readouterr().err
     assert built == []
+    # -kvd defaults to -d: "-d bf16" alone is bf16 Q and KV (it was refused as bf16 Q, fp8 KV)
+    assert commands.run(parser.parse_args(["--compile-only", "-d", "bf16"])) == 0
+    assert built[-1].kv_dtype == "bf16"
     # so is an -o that cannot be made, but only for a sweep: --compile-only writes nothing there
     monkeypatch.setattr(commands, "compile_only", lambda args: 0)
     assert commands.run(parser.parse_args(["--compile-only", "-o", "/proc/version/x"])) == 0

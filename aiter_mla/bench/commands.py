@@ -79,8 +79,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", nargs="+", action=_Extend, type=_page_size, default=DEFAULT_PAGE_SIZES,
                    help="KV page sizes (default: 64)")
     p.add_argument("-d", "--dtype", choices=DTYPES, default="fp8", help="Q dtype (default: fp8)")
-    p.add_argument("-kvd", "--kv-dtype", choices=DTYPES, default="fp8",
-                   help="KV dtype (default: fp8)")
+    p.add_argument("-kvd", "--kv-dtype", choices=DTYPES, default=None,
+                   help="KV dtype (default: the Q dtype, -d)")
     p.add_argument("--varlen", action="store_true",
                    help="per-request ctx drawn log-normal with mean ctx (a serving batch)")
     p.add_argument("-o", "--output", type=Path, default=Path("bench_results"),
@@ -117,7 +117,9 @@ def command_line(args: argparse.Namespace) -> str:
     """The canonical command that reproduces ``args`` (for the report)."""
     parts = ["aiter-mla", "bench", "-n", *[f"{h},{q}" for h, q in args.heads_qlen],
              "-b", *map(str, args.batch), "-c", *map(str, args.ctx),
-             "--page-size", *map(str, args.page_size), "-d", args.dtype, "-kvd", args.kv_dtype]
+             "--page-size", *map(str, args.page_size), "-d", args.dtype]
+    if args.kv_dtype is not None:   # unset: -d's
+        parts += ["-kvd", args.kv_dtype]
     if args.varlen:
         parts.append("--varlen")
     parts += ["-o", str(args.output)]
@@ -194,16 +196,18 @@ def _output_message(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``aiter-mla bench``; returns the exit status."""
+    if getattr(args, "kv_dtype", None) is None:   # "-d bf16" alone means bf16 Q and KV
+        args.kv_dtype = args.dtype
     if getattr(args, "jobs", None) is None:
         args.jobs = _default_jobs()
     message = _range_message(args) or _tag_message(args)
     if message:   # also under --compile-only: a sweep the GPU run would refuse fails here first
         print(f"aiter-mla bench: {message}", file=sys.stderr)
         return 2
-    if args.dtype != args.kv_dtype:   # -kvd defaults to fp8, so "-d bf16" alone lands here
+    if args.dtype != args.kv_dtype:
         print(f"aiter-mla bench: -d {args.dtype} with -kvd {args.kv_dtype}: the kernels take Q and "
-              f"KV of one dtype (fp8/fp8 or bf16/bf16; both flags default to fp8): give -d and "
-              f"-kvd the same value", file=sys.stderr)
+              f"KV of one dtype (fp8/fp8 or bf16/bf16; -d defaults to fp8, -kvd to -d): give -d "
+              f"and -kvd the same value", file=sys.stderr)
         return 2
     if args.compile_only:
         return compile_only(args)   # writes nothing into -o
