@@ -97,6 +97,15 @@ __device__ __forceinline__ void produce_tile_parts(uint32_t stage_addr, uint32_t
   const int pages = (min(C::BN, kv_tok_end - tok0) + C::kTmaRows - 1) / C::kTmaRows;
   int page_row = 0;
   if (lane < pages) page_row = static_cast<int>(kv_pool_row<C>(page_table, tok0 + lane * C::kTmaRows, bad_page));
+  // Every box of the tile into L2 now, before the waits for its stage's parts: the stage is
+  // freed only once both warpgroups' PVs of the tile two back are done, and the copies then
+  // find their bytes in L2 instead of waiting a whole HBM round trip on the hand-over chain.
+#pragma unroll 1
+  for (int i0 = 0; i0 < pages * 9; i0 += 32) {
+    const int i = i0 + lane, pg = min(i / 9, pages - 1);
+    const int row = __shfl_sync(0xffffffffu, page_row, pg & 31);
+    if (i < pages * 9) wg::tma_prefetch_box_l2(map, (i % 9) * C::kSwBytes, row);
+  }
   AITER_MLA_STAMP(kProduceIssue);
 #pragma unroll
   for (int part = 0; part < 3; ++part) {
