@@ -6,8 +6,8 @@
 
 Exit status: 0 on success; 2 when the command line itself is wrong (argparse's own errors, and a
 value, template parameter, module or variants file it names: ParamError, UnknownModuleError,
-VariantsFileError, CommandLineError), as argparse does; 1 when the work
-failed (a build, a GPU, a cache folder); 130 / 143 on Ctrl-C / SIGTERM, 141 on a closed pipe.
+VariantsFileError, CommandLineError), as argparse does; 1 when the work failed (a build, a
+kernel, a cache folder); 130 / 143 on Ctrl-C / SIGTERM, 141 on a closed pipe.
 """
 from __future__ import annotations
 

@@ -547,7 +547,7 @@ def cmd_deps_fetch(args) -> int:
     for n in names:
         if n not in cfg.third_party:
             raise CommandLineError(f"{n!r} is not pinned in {cfg.path} (pinned: "
-                             f"{', '.join(sorted(cfg.third_party))})")
+                                   f"{', '.join(sorted(cfg.third_party))})")
         co = third_party.resolve(cfg.third_party[n], st.cache, allow_fetch=True)
         print(f"{n} {co.commit} verified at {co.path} (from {co.origin}, "
               f"tree {co.tree_sha256[:12]})")

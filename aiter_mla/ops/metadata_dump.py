@@ -25,21 +25,16 @@ _FLAGS = {"num_heads": "--heads", "num_clusters": "--clusters", "page_size": "--
           "max_split_per_batch": "--max-split-per-batch"}
 
 
-class FlagValueError(CommandLineError):
-    """A flag's value is malformed or out of range; the message names the flag. The command
-    line exits 2 on it, as on argparse's own errors (:func:`aiter_mla.cli.main`)."""
-
-
 def _int_list(text: str, name: str) -> list[int]:
     """``a,b,c`` as ints; an empty item (``1,,2``, a trailing comma) is refused, not dropped: it
     would shift which length each batch gets."""
     items = text.split(",")
     if any(not x.strip() for x in items):
-        raise FlagValueError(f"--{name} has an empty item: an int or a comma list of ints, got {text!r}")
+        raise CommandLineError(f"--{name} has an empty item: an int or a comma list of ints, got {text!r}")
     try:
         return [int(x) for x in items]
     except ValueError:
-        raise FlagValueError(f"--{name} must be an int or a comma list of ints, got {text!r}") from None
+        raise CommandLineError(f"--{name} must be an int or a comma list of ints, got {text!r}") from None
 
 
 def _lengths(spec: str, batch: int, seed: int) -> list[int]:
@@ -48,50 +43,50 @@ def _lengths(spec: str, batch: int, seed: int) -> list[int]:
         try:
             lo, hi = (int(x) for x in spec.split("-", 1))
         except ValueError:
-            raise FlagValueError(f"--ctx range must be LO-HI with ints, got {spec!r}") from None
+            raise CommandLineError(f"--ctx range must be LO-HI with ints, got {spec!r}") from None
         if not 0 <= lo <= hi:
-            raise FlagValueError(f"--ctx range LO-HI needs 0 <= LO <= HI, got {spec!r}")
+            raise CommandLineError(f"--ctx range LO-HI needs 0 <= LO <= HI, got {spec!r}")
         rng = random.Random(seed)
         return [rng.randint(lo, hi) for _ in range(batch)]
     vals = _int_list(spec, "ctx")
     if not vals:
-        raise FlagValueError("--ctx is empty")
+        raise CommandLineError("--ctx is empty")
     if min(vals) < 0:
-        raise FlagValueError(f"--ctx lengths must be >= 0 tokens, got {spec!r}")
+        raise CommandLineError(f"--ctx lengths must be >= 0 tokens, got {spec!r}")
     return [vals[b % len(vals)] for b in range(batch)]
 
 
 def build(args):
     """The inputs and schedule for parsed CLI arguments: (qo, kv, lpl, tokens, schedule).
 
-    Raises :class:`FlagValueError` naming the flag for a malformed or out-of-range value (the
+    Raises :class:`CommandLineError` naming the flag for a malformed or out-of-range value (the
     scheduler's own range checks included)."""
     from .metadata import default_kv_granularity
     from .metadata_reference import INT32_MAX, check_scalars, reference_schedule
 
     if not 0 <= args.batch <= MAX_BATCH:
-        raise FlagValueError(f"--batch must be in [0, {MAX_BATCH}] (the schedule is planned by the CPU "
-                         f"reference in Python: 10**6 requests take ~6 s and ~0.9 GB), got {args.batch}")
+        raise CommandLineError(f"--batch must be in [0, {MAX_BATCH}] (the schedule is planned by the CPU "
+                               f"reference in Python: 10**6 requests take ~6 s and ~0.9 GB), got {args.batch}")
     ps = args.page_size
     if ps < 1 or ps > 256 or ps & (ps - 1):
-        raise FlagValueError(f"--page-size must be a power of two in 1..256 (the decode kernels' page sizes), got {ps}")
+        raise CommandLineError(f"--page-size must be a power of two in 1..256 (the decode kernels' page sizes), got {ps}")
     G = default_kv_granularity(ps) if args.kv_granularity is None else args.kv_granularity
     tokens = _lengths(args.ctx, args.batch, args.seed)
     qlens_cycle = _int_list(args.qlen, "qlen")
     if min(qlens_cycle) < 1:
-        raise FlagValueError(f"--qlen must be >= 1 q tokens a request, got {args.qlen!r}")
+        raise CommandLineError(f"--qlen must be >= 1 q tokens a request, got {args.qlen!r}")
     # the scheduler's own checks, their messages naming this command's flags
     try:
         check_scalars(num_heads=args.heads, num_clusters=1 if args.clusters is None else args.clusters,
                       page_size=ps, kv_granularity=G, max_seqlen_qo=max(qlens_cycle),
                       max_split_per_batch=args.max_split_per_batch, names=_FLAGS)
     except (ValueError, NotImplementedError) as exc:   # out of range, or past the kernels' shapes
-        raise FlagValueError(str(exc)) from None
+        raise CommandLineError(str(exc)) from None
     qlens = [qlens_cycle[b % len(qlens_cycle)] for b in range(args.batch)]
     max_q = max(qlens) if qlens else 1
     clusters = args.clusters
     if clusters is not None and not 1 <= clusters <= MAX_CLUSTERS:
-        raise FlagValueError(f"--clusters must be in [1, {MAX_CLUSTERS}], got {clusters}")
+        raise CommandLineError(f"--clusters must be in [1, {MAX_CLUSTERS}], got {clusters}")
     if clusters is None:
         try:
             try:
@@ -99,7 +94,7 @@ def build(args):
             except RuntimeError:
                 clusters = arch.num_clusters(args.heads, max_q, cu=132)   # an H200: no GPU here, CU_NUM unset
         except ValueError as exc:   # heads x qlen past the kernels' rows: a flag value
-            raise FlagValueError(str(exc)) from None
+            raise CommandLineError(str(exc)) from None
     qo, kv, lpl = [0], [0], []
     for t, q in zip(tokens, qlens):
         pages = -(-t // ps)
@@ -107,9 +102,9 @@ def build(args):
         lpl.append(t - (pages - 1) * ps if pages else 1)
         qo.append(qo[-1] + q)
     if kv[-1] > INT32_MAX:   # kv_indptr is int32 on the device, as in AITER
-        raise FlagValueError(f"--batch {args.batch} x --ctx {args.ctx!r} is {kv[-1]} KV pages of {ps} tokens in "
-                         f"all; kv_indptr holds at most {INT32_MAX} (int32): fewer tokens or a larger "
-                         f"--page-size")
+        raise CommandLineError(f"--batch {args.batch} x --ctx {args.ctx!r} is {kv[-1]} KV pages of {ps} tokens in "
+                               f"all; kv_indptr holds at most {INT32_MAX} (int32): fewer tokens or a larger "
+                               f"--page-size")
     sched = reference_schedule(qo, kv, lpl, num_heads=args.heads, num_clusters=clusters,
                                page_size=ps, kv_granularity=G, max_seqlen_qo=max_q,
                                max_split_per_batch=args.max_split_per_batch)
