@@ -254,6 +254,47 @@ __device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], Ro
   const bool split = w.partial_qo_loc >= 0;
   float inv[2], lse[2];
   row_totals<C>(st, smem, split, out_scale, group, half, lane, inv, lse);
+  if (!split) {
+    // 16-byte stores: a quad holds, for each group of 4 n8 tiles (4k .. 4k + 3), 4 x 4 bf16
+    // pairs, lane q those of columns 2q, 2q + 1 of each tile; a quad transpose gives lane q tile
+    // 4k + q's 8 columns, so a quad writes 64 contiguous bytes of a row. 4-byte stores wrote 16
+    // bytes a row, half a sector each, and made the epilogue store-bound (docs/perf/notes.md).
+    // k outermost, both rows inside: each tile's registers die as soon as it is written.
+    const int q = lane & 3;
+    __nv_bfloat16* dst[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      dst[h] = out + ((int64_t)w.qo_start * num_heads + row_base + r0 + 8 * h) * kVDim + half * (kVDim / 2) + q * 8;
+#pragma unroll
+    for (int k = 0; k < C::kOTiles / 4; ++k) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t a[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const __nv_bfloat162 v = __floats2bfloat162_rn(o[4 * k + t][2 * h] * inv[h], o[4 * k + t][2 * h + 1] * inv[h]);
+          a[t] = *reinterpret_cast<const uint32_t*>(&v);
+        }
+        // 4 x 4 transpose across the quad in two exchanges: the off-diagonal 2 x 2 blocks with
+        // lane q ^ 2, then within each 2 x 2 block with lane q ^ 1
+        const bool hi = q & 2, odd = q & 1;
+        const uint32_t y0 = __shfl_xor_sync(0xffffffffu, hi ? a[0] : a[2], 2);
+        const uint32_t y1 = __shfl_xor_sync(0xffffffffu, hi ? a[1] : a[3], 2);
+        const uint32_t c0 = hi ? y0 : a[0], c1 = hi ? y1 : a[1], c2 = hi ? a[2] : y0, c3 = hi ? a[3] : y1;
+        const uint32_t z0 = __shfl_xor_sync(0xffffffffu, odd ? c0 : c1, 1);
+        const uint32_t z1 = __shfl_xor_sync(0xffffffffu, odd ? c2 : c3, 1);
+        const uint4 v = odd ? make_uint4(z0, c1, z1, c3) : make_uint4(c0, z0, c2, z1);
+        if (r0 + 8 * h < w.valid_rows)   // the same for a quad's 4 lanes
+          *reinterpret_cast<uint4*>(dst[h] + k * 32) = v;
+      }
+    }
+    if (final_lse != nullptr && half == 0 && q == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (r0 + 8 * h < w.valid_rows) final_lse[(int64_t)w.qo_start * num_heads + row_base + r0 + 8 * h] = lse[h];
+    }
+    return;
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = r0 + 8 * h;                      // row within the CTA
