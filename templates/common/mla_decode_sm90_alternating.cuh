@@ -79,6 +79,32 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
   static_assert(!Tma || T::kRowBytes / kSwBytes == 9, "TMA parts: 9 column blocks, V's 512 columns in the first 8");
 };
 
+#ifndef AITER_MLA_L2_AHEAD
+#define AITER_MLA_L2_AHEAD 2
+#endif
+// Tiles the producer prefetches into L2 ahead of the one it copies (0: the tile itself, just
+// before the waits for its stage). A stage is freed only once both warpgroups' PVs of the tile
+// two back are done; its copies then find their bytes in L2 instead of paying an HBM round trip
+// on the hand-over chain.
+constexpr int kL2Ahead = AITER_MLA_L2_AHEAD;
+
+// Every box of the tile of BN virtual tokens from tok0 into L2 (no shared memory, no barrier);
+// nothing when the tile starts at or past kv_tok_end.
+template <class C>
+__device__ __forceinline__ void prefetch_tile_l2(const void* map, const PageTable& page_table, int tok0,
+                                                 int kv_tok_end, int lane, bool& bad_page) {
+  if (tok0 >= kv_tok_end) return;
+  const int pages = (min(C::BN, kv_tok_end - tok0) + C::kTmaRows - 1) / C::kTmaRows;
+  int page_row = 0;
+  if (lane < pages) page_row = static_cast<int>(kv_pool_row<C>(page_table, tok0 + lane * C::kTmaRows, bad_page));
+#pragma unroll 1
+  for (int i0 = 0; i0 < pages * 9; i0 += 32) {
+    const int i = i0 + lane, pg = min(i / 9, pages - 1);
+    const int row = __shfl_sync(0xffffffffu, page_row, pg & 31);
+    if (i < pages * 9) wg::tma_prefetch_box_l2(map, (i % 9) * C::kSwBytes, row);
+  }
+}
+
 // The producer warp's TMA copies of the tile of BN virtual tokens from tok0 into the stage at
 // stage_addr, part by part in the order QK reads them (the RoPE block, V's halves 0 and 1;
 // qk_issue_parts): each waits for its own release, then posts its
@@ -88,11 +114,15 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
 template <class C>
 __device__ __forceinline__ void produce_tile_parts(uint32_t stage_addr, uint32_t bar_full, uint32_t bar_empty,
                                                    uint32_t empty_parity, const void* map, const PageTable& page_table,
-                                                   int tok0, int kv_tok_end, int lane, bool& bad_page) {
+                                                   int tok_first, int tok0, int kv_tok_end, int lane,
+                                                   bool& bad_page) {
   static_assert(C::BN / C::kTmaRows * 4 <= 32, "a part's boxes fit the warp's lanes");
   const int pages = (min(C::BN, kv_tok_end - tok0) + C::kTmaRows - 1) / C::kTmaRows;
   int page_row = 0;
   if (lane < pages) page_row = static_cast<int>(kv_pool_row<C>(page_table, tok0 + lane * C::kTmaRows, bad_page));
+  // the work's first tile: it and the kL2Ahead after it; later tiles: the one kL2Ahead on
+  for (int d = tok0 == tok_first ? 0 : kL2Ahead; d <= kL2Ahead; ++d)
+    prefetch_tile_l2<C>(map, page_table, tok0 + d * C::BN, kv_tok_end, lane, bad_page);
   AITER_MLA_STAMP(kProduceIssue);
 #pragma unroll
   for (int part = 0; part < 3; ++part) {

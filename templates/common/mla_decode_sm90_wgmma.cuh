@@ -355,6 +355,13 @@ __device__ __forceinline__ void tma_load_box(uint32_t dst, const void* map, int 
       : "memory");
 }
 
+// One box of the tensor map into L2 only (no shared memory, no barrier): a later copy of it
+// reads L2 instead of HBM.
+__device__ __forceinline__ void tma_prefetch_box_l2(const void* map, int col, int row) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(map), "r"(col), "r"(row)
+               : "memory");
+}
+
 // The producer warp's TMA copies of the tile of BN virtual tokens from tok0 into the stage at
 // stage_addr: the row's 64-byte column blocks (fp8 9, bf16 18) x the pages holding a token
 // before kv_tok_end (pages past it are not looked up: their kv_indices entry may not exist),
