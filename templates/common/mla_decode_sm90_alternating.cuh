@@ -88,14 +88,17 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
 template <class C>
 __device__ __forceinline__ void produce_tile_parts(uint32_t stage_addr, uint32_t bar_full, uint32_t bar_empty,
                                                    uint32_t empty_parity, const void* map, const PageTable& page_table,
-                                                   int tok0, int kv_tok_end, int lane, bool& bad_page) {
+                                                   int tok0, int kv_tok_end, int owner, int lane,
+                                                   bool& bad_page) {
   static_assert(C::BN / C::kTmaRows * 4 <= 32, "a part's boxes fit the warp's lanes");
   const int pages = (min(C::BN, kv_tok_end - tok0) + C::kTmaRows - 1) / C::kTmaRows;
   int page_row = 0;
   if (lane < pages) page_row = static_cast<int>(kv_pool_row<C>(page_table, tok0 + lane * C::kTmaRows, bad_page));
   AITER_MLA_STAMP(kProduceIssue);
 #pragma unroll
-  for (int part = 0; part < 3; ++part) {
+  for (int k = 0; k < 3; ++k) {
+    // the owner's V half first: its PV frees it about a PV earlier than the other's does
+    const int part = k == 0 ? C::kPartRope : 1 + ((k - 1) ^ owner);
     const int log2_blocks = part == C::kPartRope ? 0 : 2;   // column blocks: 1 or 4
     const int blk0 = part == C::kPartRope ? 8 : 4 * (part - 1);
     wg::mbar_wait(bar_empty + part * 8, empty_parity);
@@ -129,7 +132,7 @@ __device__ __forceinline__ void handover_wait(int from) {
 // `between()` runs: the caller waits there for its PV issued before QK (wgmma_wait<2>) and
 // releases that stage's part without waiting for this tile's last part.
 template <class C, class WaitPart, class Between>
-__device__ __forceinline__ void qk_issue_parts(float (&s)[8][4], uint32_t q_addr, uint32_t k_addr,
+__device__ __forceinline__ void qk_issue_parts(float (&s)[8][4], uint32_t q_addr, uint32_t k_addr, int owner,
                                                WaitPart wait_part, Between between) {
   wg::fence_operands(s);
   wait_part(0);
@@ -139,13 +142,18 @@ __device__ __forceinline__ void qk_issue_parts(float (&s)[8][4], uint32_t q_addr
   for (int kk = 33; kk < 36; ++kk) wg::wgmma_qk<false, 1>(s, wg::q_desc<C>(q_addr, kk), wg::k_desc<C>(k_addr, kk));
   wg::wgmma_commit();
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (h == 1) between();
+  for (int k = 0; k < 2; ++k) {
+    // the owner's V half first (produce_tile_parts' order); its k-steps 16 h + j address as
+    // k-steps j of the half's first column block (k_step_bytes is linear over whole blocks)
+    const int h = k ^ owner;
+    uint32_t off = static_cast<uint32_t>(h) * wg::k_step_bytes<C>(16);
+    asm volatile("" : "+r"(off));   // per step: hoisted descriptors of both orders spill
+    if (k == 1) between();
     wait_part(C::kParts > 1 ? 1 + h : 0);
     wg::wgmma_fence();
 #pragma unroll
-    for (int kk = 16 * h; kk < 16 * h + 16; ++kk)
-      wg::wgmma_qk<false, 1>(s, wg::q_desc<C>(q_addr, kk), wg::k_desc<C>(k_addr, kk));
+    for (int j = 0; j < 16; ++j)
+      wg::wgmma_qk<false, 1>(s, wg::q_desc<C>(q_addr + off, j), wg::k_desc<C>(k_addr + off, j));
     wg::wgmma_commit();
   }
   wg::fence_operands(s);
