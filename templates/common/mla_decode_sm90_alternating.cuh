@@ -69,8 +69,11 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
   // as it is free, and QK starts on the first part that lands. cp.async stages are one part.
   static constexpr int kParts = Tma ? 3 : 1;
   static constexpr int kPartRope = 0;                         // part 1 + h: V half h (column blocks 4h .. 4h + 3)
-  static constexpr int kOffBar = kOffRed + T::kRedBytes;      // full[stage][part], empty[stage][part], q_full, q_empty
-  static constexpr int kOffQBar = kOffBar + 2 * kStages * kParts * 8;
+  // Full barriers: one per column block of a TMA stage (QK issues each block's k-steps as soon
+  // as it lands, not once its whole part has), one per cp.async stage. Empty barriers: per part.
+  static constexpr int kFullBars = Tma ? 9 : 1;
+  static constexpr int kOffBar = kOffRed + T::kRedBytes;      // full[stage][block], empty[stage][part], q_full, q_empty
+  static constexpr int kOffQBar = kOffBar + kStages * (kFullBars + kParts) * 8;
   static constexpr int kSmemBytes = kOffQBar + (kQTma ? 2 * 8 : 0);
 
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
@@ -81,9 +84,9 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
 
 // The producer warp's TMA copies of the tile of BN virtual tokens from tok0 into the stage at
 // stage_addr, part by part in the order QK reads them (the RoPE block, V's halves 0 and 1;
-// qk_issue_parts): each waits for its own release, then posts its
-// bytes on its own full barrier (bar_full / bar_empty: the stage's part 0 barrier; part p is
-// 8 p bytes on). Pages past kv_tok_end are not looked up; a part is at most 8 pages x 4
+// qk_issue_parts): each waits for its own release (bar_empty: the stage's part 0 barrier; part
+// p is 8 p bytes on), then posts each column block's bytes on that block's full barrier
+// (bar_full: the stage's block 0 barrier; block k is 8 k bytes on). Pages past kv_tok_end are not looked up; a part is at most 8 pages x 4
 // column blocks, one box per lane.
 template <class C>
 __device__ __forceinline__ void produce_tile_parts(uint32_t stage_addr, uint32_t bar_full, uint32_t bar_empty,
@@ -100,13 +103,13 @@ __device__ __forceinline__ void produce_tile_parts(uint32_t stage_addr, uint32_t
     const int blk0 = part == C::kPartRope ? 8 : 4 * (part - 1);
     wg::mbar_wait(bar_empty + part * 8, empty_parity);
     AITER_MLA_STAMP(kProduceWait);
-    if (lane == 0) wg::mbar_arrive_expect_tx(bar_full + part * 8, (pages << log2_blocks) * C::kTmaBoxBytes);
-    __syncwarp();
     const int pg = lane >> log2_blocks, blk = blk0 + (lane & ((1 << log2_blocks) - 1));
+    if (pg == 0) wg::mbar_arrive_expect_tx(bar_full + blk * 8, pages * C::kTmaBoxBytes);   // one lane a block
+    __syncwarp();
     const int row = __shfl_sync(0xffffffffu, page_row, pg & 31);
     if (pg < pages)
       wg::tma_load_box(stage_addr + blk * (C::BN * C::kSwBytes) + pg * C::kTmaBoxBytes, map, blk * C::kSwBytes, row,
-                       bar_full + part * 8);
+                       bar_full + blk * 8);
     AITER_MLA_STAMP(kProduceIssue);
   }
 }
@@ -121,30 +124,31 @@ __device__ __forceinline__ void handover_wait(int from) {
 }
 
 // Issues S = Q . K^T of the tile at k_addr over all 576 dims in the order of the stage's parts:
-// the RoPE block, then V's halves 0 and 1 (the order produce_tile_parts fills them). Each part
-// is waited for (wait_part(part)) just before its k-steps, so the MMAs start on the first part
-// that lands, and is its own commit group (ptxas serialises the wgmmas when a wait loop sits
-// inside a group). cp.async stages are one part (wait_part(0) each time) and run the same
-// order, so the sums do not depend on the page size. Between the second and the third group
-// `between()` runs: the caller waits there for its PV issued before QK (wgmma_wait<2>) and
-// releases that stage's part without waiting for this tile's last part.
-template <class C, class WaitPart, class Between>
+// the RoPE block, then V's halves 0 and 1 (the order produce_tile_parts fills them). Each
+// column block is waited for (wait_block(block)) just before its 4 k-steps, so the MMAs start
+// on the first block that lands, and is its own commit group (ptxas serialises the wgmmas when
+// a wait loop sits inside a group): 9 groups. cp.async stages have one full barrier (the caller
+// waits on it each time) and run the same order, so the sums do not depend on the page size.
+// After V's first half `between()` runs: the caller waits there for its PV issued before QK
+// (wgmma_wait<5>: the RoPE group and V's first half's 4 may still run) and releases that
+// stage's part without waiting for V's second half.
+template <class C, class WaitBlock, class Between>
 __device__ __forceinline__ void qk_issue_parts(float (&s)[8][4], uint32_t q_addr, uint32_t k_addr,
-                                               WaitPart wait_part, Between between) {
+                                               WaitBlock wait_block, Between between) {
   wg::fence_operands(s);
-  wait_part(0);
+  wait_block(8);
   wg::wgmma_fence();
   wg::wgmma_qk<false, 0>(s, wg::q_desc<C>(q_addr, 32), wg::k_desc<C>(k_addr, 32));
 #pragma unroll
   for (int kk = 33; kk < 36; ++kk) wg::wgmma_qk<false, 1>(s, wg::q_desc<C>(q_addr, kk), wg::k_desc<C>(k_addr, kk));
   wg::wgmma_commit();
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (h == 1) between();
-    wait_part(C::kParts > 1 ? 1 + h : 0);
+  for (int blk = 0; blk < 8; ++blk) {
+    if (blk == 4) between();
+    wait_block(blk);
     wg::wgmma_fence();
 #pragma unroll
-    for (int kk = 16 * h; kk < 16 * h + 16; ++kk)
+    for (int kk = 4 * blk; kk < 4 * blk + 4; ++kk)
       wg::wgmma_qk<false, 1>(s, wg::q_desc<C>(q_addr, kk), wg::k_desc<C>(k_addr, kk));
     wg::wgmma_commit();
   }
