@@ -254,6 +254,50 @@ __device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], Ro
   const bool split = w.partial_qo_loc >= 0;
   float inv[2], lse[2];
   row_totals<C>(st, smem, split, out_scale, group, half, lane, inv, lse);
+  if (!split) {
+    // 16-byte stores: a quad holds, for each group of 4 n8 tiles (4k .. 4k + 3), 4 x 4 bf16
+    // pairs, lane q those of columns 2q, 2q + 1 of each tile; a quad transpose gives lane q tile
+    // 4k + q's 8 columns, so a quad writes 64 contiguous bytes of a row. 4-byte stores wrote 16
+    // bytes a row, half a sector each, and made the epilogue store-bound (docs/perf/notes.md).
+    // k outermost, both rows inside: each tile's registers die as soon as it is written.
+    const int q = lane & 3;
+    __nv_bfloat16* dst[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      dst[h] = out + ((int64_t)w.qo_start * num_heads + row_base + r0 + 8 * h) * kVDim + half * (kVDim / 2) + q * 8;
+#pragma unroll
+    for (int k = 0; k < C::kOTiles / 4; ++k) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t a[4], b[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const __nv_bfloat162 v = __floats2bfloat162_rn(o[4 * k + t][2 * h] * inv[h], o[4 * k + t][2 * h + 1] * inv[h]);
+          a[t] = *reinterpret_cast<const uint32_t*>(&v);
+        }
+        // round t: lane q sends its pair of tile (q + t) & 3 to lane (q + t) & 3 (the quad's
+        // reader r takes it from lane (r - t) & 3 and files it as b[(r - t) & 3])
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          uint32_t send = a[0];
+#pragma unroll
+          for (int u = 1; u < 4; ++u) send = ((q + t) & 3) == u ? a[u] : send;
+          const uint32_t got = t == 0 ? send : __shfl_sync(0xffffffffu, send, (lane & ~3) | ((q - t) & 3));
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+            if (((q - t) & 3) == u) b[u] = got;
+        }
+        if (r0 + 8 * h < w.valid_rows)   // the same for a quad's 4 lanes
+          *reinterpret_cast<uint4*>(dst[h] + k * 32) = make_uint4(b[0], b[1], b[2], b[3]);
+      }
+    }
+    if (final_lse != nullptr && half == 0 && q == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (r0 + 8 * h < w.valid_rows) final_lse[(int64_t)w.qo_start * num_heads + row_base + r0 + 8 * h] = lse[h];
+    }
+    return;
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = r0 + 8 * h;                      // row within the CTA
