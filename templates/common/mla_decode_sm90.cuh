@@ -269,26 +269,23 @@ __device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], Ro
     for (int k = 0; k < C::kOTiles / 4; ++k) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        uint32_t a[4], b[4];
+        uint32_t a[4];
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
           const __nv_bfloat162 v = __floats2bfloat162_rn(o[4 * k + t][2 * h] * inv[h], o[4 * k + t][2 * h + 1] * inv[h]);
           a[t] = *reinterpret_cast<const uint32_t*>(&v);
         }
-        // round t: lane q sends its pair of tile (q + t) & 3 to lane (q + t) & 3 (the quad's
-        // reader r takes it from lane (r - t) & 3 and files it as b[(r - t) & 3])
-#pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          uint32_t send = a[0];
-#pragma unroll
-          for (int u = 1; u < 4; ++u) send = ((q + t) & 3) == u ? a[u] : send;
-          const uint32_t got = t == 0 ? send : __shfl_sync(0xffffffffu, send, (lane & ~3) | ((q - t) & 3));
-#pragma unroll
-          for (int u = 0; u < 4; ++u)
-            if (((q - t) & 3) == u) b[u] = got;
-        }
+        // 4 x 4 transpose across the quad in two exchanges: the off-diagonal 2 x 2 blocks with
+        // lane q ^ 2, then within each 2 x 2 block with lane q ^ 1
+        const bool hi = q & 2, odd = q & 1;
+        const uint32_t y0 = __shfl_xor_sync(0xffffffffu, hi ? a[0] : a[2], 2);
+        const uint32_t y1 = __shfl_xor_sync(0xffffffffu, hi ? a[1] : a[3], 2);
+        const uint32_t c0 = hi ? y0 : a[0], c1 = hi ? y1 : a[1], c2 = hi ? a[2] : y0, c3 = hi ? a[3] : y1;
+        const uint32_t z0 = __shfl_xor_sync(0xffffffffu, odd ? c0 : c1, 1);
+        const uint32_t z1 = __shfl_xor_sync(0xffffffffu, odd ? c2 : c3, 1);
+        const uint4 v = odd ? make_uint4(z0, c1, z1, c3) : make_uint4(c0, z0, c2, z1);
         if (r0 + 8 * h < w.valid_rows)   // the same for a quad's 4 lanes
-          *reinterpret_cast<uint4*>(dst[h] + k * 32) = make_uint4(b[0], b[1], b[2], b[3]);
+          *reinterpret_cast<uint4*>(dst[h] + k * 32) = v;
       }
     }
     if (final_lse != nullptr && half == 0 && q == 0) {
