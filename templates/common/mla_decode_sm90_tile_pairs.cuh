@@ -45,7 +45,11 @@ struct TilePairsConfig : fp8::TmaTile<BlockN, PageSize, Causal> {
   static constexpr int kOffRed = kOffInv + kRows * 4;
   static constexpr int kOffBar = kOffRed + T::kRedBytes;              // full[kStages], empty[kStages]
   static constexpr int kOffQBar = kOffBar + 2 * kStages * 8;          // q_full, q_empty (kQTma)
-  static constexpr int kSmemBytes = kOffQBar + 2 * 8;
+  // The epilogue's bf16 O, one 64-column block at a time per warpgroup ([64 rows][128 B],
+  // transposed_pv::write_output), so that a warp stores whole 128-byte lines.
+  static constexpr int kOutBlockBytes = kRows * 128;
+  static constexpr int kOffOutBlock = (kOffQBar + 2 * 8 + 127) / 128 * 128;
+  static constexpr int kSmemBytes = kOffOutBlock + 2 * kOutBlockBytes;
   // With TMA stages the producer copies Q too, first of each work, in the stage layout: no
   // consumer cp.async of Q, whose issue stalled behind the KV copies.
   static constexpr bool kQTma = T::kSw64;

@@ -223,6 +223,37 @@ __device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], Ro
   }
   wg::consumer_sync();   // row_inv of all 64 rows
   const int64_t row0 = (split ? (int64_t)w.partial_qo_loc : (int64_t)w.qo_start) * num_heads + row_base;
+  if (!split) {
+    // bf16 O through shared memory, one 64-column block (m64 block mb) at a time: the 4 warps'
+    // 16 columns each go to [64 rows][128 B] (16-byte chunks XOR-swizzled by row: no bank
+    // conflict), then each warp stores whole rows, 16 bytes a lane, 4 lines an instruction.
+    // Straight from the accumulators a warp's row segment is 32 bytes (a quarter line), and
+    // the stores were 28% of a one-tile work (docs/perf/refill_epilogue_h100.md).
+    uint8_t* blk = smem + C::kOffOutBlock + half * C::kOutBlockBytes;
+    const int t = threadIdx.x & 127;
+#pragma unroll
+    for (int mb = 0; mb < C::kMBlocks; ++mb) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = 8 * i + 2 * (lane & 3) + e, c = 16 * group + 2 * (lane >> 2);
+          const float f = row_inv[r];
+          *reinterpret_cast<__nv_bfloat162*>(blk + r * 128 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2) =
+              __floats2bfloat162_rn(o[8 * mb + i][e] * f, o[8 * mb + i][e + 2] * f);
+        }
+      }
+      wg::wg_sync(half);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int r = 16 * k + (t >> 3), ch = t & 7;
+        const uint4 v = *reinterpret_cast<const uint4*>(blk + r * 128 + ((ch ^ (r & 7)) << 4));
+        if (r < w.valid_rows) *reinterpret_cast<uint4*>(out + (row0 + r) * kVDim + 64 * (4 * half + mb) + ch * 8) = v;
+      }
+      if (mb + 1 < C::kMBlocks) wg::wg_sync(half);   // the block is read before the next overwrites it
+    }
+    return;   // (the next work's epilogue writes the block only after its consumer_sync)
+  }
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
 #pragma unroll
