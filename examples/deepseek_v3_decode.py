@@ -307,7 +307,7 @@ def main(argv=None) -> int:
     if importlib.util.find_spec("transformers") is None:
         print("deepseek_v3_decode: needs Hugging Face transformers (pip install transformers)",
               file=sys.stderr)
-        return 2
+        return 1   # a missing package, not a wrong command line (README: exit statuses)
     ps = args.page_size
     if ps < 1 or ps > 256 or ps & (ps - 1):
         print(f"deepseek_v3_decode: --page-size must be a power of two in 1..256, got {ps}", file=sys.stderr)

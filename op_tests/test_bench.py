@@ -279,8 +279,11 @@ def test_sweep_variants_per_tile_shape():
     vs = sweep_variants([(128, 1), (16, 4), (64, 1)], [64], "fp8", "fp8")
     decode = [v.params for v in vs if v.name == "mla_decode"]
     assert [(p["block_m"], p["mask"]) for p in decode] == [(128, "none"), (64, "causal"), (64, "none")]
-    assert [v.name for v in vs[3:]] == ["mla_metadata", "mla_reduce"]
+    # the metadata, reduce and read-ceiling modules the GPU run loads, so that a cache built by
+    # --compile-only serves it under AITER_MLA_DISABLE_JIT=1
+    assert [v.name for v in vs[3:]] == ["mla_metadata", "mla_reduce", "read_bandwidth"]
     assert vs[4].params == {"arch": "sm_90a", "out_dtype": "bf16"}
+    assert vs[5].params == {"arch": "sm_90a"}
 
 
 # ------------------------------------------------------------------------------------------
@@ -423,7 +426,7 @@ def test_no_gpu_exits_2_with_one_line(monkeypatch, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert len(err) == 1
-    assert err[0].startswith("aiter-mla bench: no CUDA GPU visible (")
+    assert err[0].startswith("aiter-mla bench: error: no CUDA GPU visible (")   # argparse's form
     assert err[0].endswith("); use --compile-only to build the variants")
     assert not (tmp_path / "r").exists()
 
@@ -459,12 +462,13 @@ def test_compile_only_reports_a_missing_template(monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert rc == 1
     assert "mla_decode(arch=sm_90a, block_m=128" in out and "FAILED" in out
-    assert "does not exist (TemplateNotFound)" in err and "1 of 3 variants failed" in err
+    assert "does not exist (TemplateNotFound)" in err and "1 of 4 variants failed" in err
 
 
 def test_compile_only_builds_one_decode_variant_per_tile_shape(tmp_path):
     """The main job's JIT half runs everywhere (CI has nvcc, no GPU): a real, cold build of the
-    128-row (m16x8) and 64-row (m16x4) decode variants plus metadata and reduce."""
+    128-row (m16x8) and 64-row (m16x4) decode variants plus metadata, reduce and the read
+    ceiling's module."""
     import os
     import subprocess
 
@@ -484,6 +488,7 @@ def test_compile_only_builds_one_decode_variant_per_tile_shape(tmp_path):
     modules = sorted(json.loads(m.read_text())["module"] for m in metas)
     assert modules.count("mla_decode") == 2, modules
     assert "mla_metadata" in modules and "mla_reduce" in modules, modules
+    assert "read_bandwidth" in modules, modules   # the GPU run's read ceiling loads it
 
 
 def test_compile_only_unsupported_shape(capsys):

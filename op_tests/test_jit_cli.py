@@ -157,10 +157,12 @@ def test_readme_has_two_setup_commands_and_ci_runs_the_test_one():
     readme = (repo / "README.md").read_text()
     setup = readme.split("## Set up", 1)[1]
     block = re.search(r"```bash\n(.*?)```", setup, re.S).group(1).strip().splitlines()
-    assert block == ["pip install -e '.[test]'", "python3 -m pytest -q op_tests"]
+    assert block == ["pip install torch==2.13.0 -e '.[test]'", "python3 -m pytest -q op_tests"]
     ci = (repo / ".ci" / "run").read_text()
     assert "\npython3 -m pytest -q op_tests\n" in ci
-    assert ci.index("torch==2.13.0") < ci.index("install -q -e '.[test]'")
+    # CI's install is the README's (CPU torch pinned in the same command, so no bare "torch"
+    # requirement is ever resolved against the index)
+    assert "\npython3 -m pip install -q torch==2.13.0 -e '.[test]'\n" in ci
 
 
 def test_param_given_twice_is_an_error(capsys):
@@ -335,3 +337,24 @@ def test_render_errors_name_the_cause(fake_jit, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("AITER_MLA_TEMPLATES_DIR", str(tmp_path))
     assert main(["jit", "render", "fake", *FAKE]) == 1
     assert f"from AITER_MLA_TEMPLATES_DIR={tmp_path}: add the file" in capsys.readouterr().err
+
+
+def test_cache_dir_that_is_a_file_is_a_usage_error(tmp_path, capsys):
+    from aiter_mla.cli import main
+
+    f = tmp_path / "not_a_folder"
+    f.write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        main(["jit", "list", "--cache-dir", str(f)])
+    assert exc.value.code == 2
+    assert "--cache-dir" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["list"], ["clear", "--all"], ["gc", "--max-bytes", "0"]])
+def test_missing_cache_dir_is_named_by_commands_that_read_it(tmp_path, capsys, argv):
+    from aiter_mla.cli import main
+
+    missing = tmp_path / "typo"
+    assert main(["jit", *argv, "--cache-dir", str(missing)]) == 0   # nothing to list or remove
+    assert f"no cache folder at --cache-dir {str(missing)!r}" in capsys.readouterr().err
+    assert not missing.exists()

@@ -763,9 +763,9 @@ def test_input_errors(warm):
     q_short = c.q[:-1].contiguous()
     found_on_device(r"qo_indptr\[-1\] must equal the q rows \(query.shape\[0\] = 7\), got 8|work_info_set.*qo_indptr",
                     lambda: call(q=q_short, o=o[:-1]))
-    with pytest.raises(ValueError, match="final_output"):
+    with pytest.raises(ValueError, match=r"o must be \[8, 16, 512\]"):
         call(o=o[:-1])
-    with pytest.raises(TypeError, match="final_output"):
+    with pytest.raises(TypeError, match="o must have dtype torch.bfloat16"):
         call(o=o.float())
     with pytest.raises(NotImplementedError, match="supported"):
         call(kv_buffer=c.kv.to(FP8))
@@ -1196,6 +1196,20 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
         aiter_mla.mla_decode_fwd(None, kv, o, qo, kvi, idx, last, 1, page_size=16)
     with pytest.raises(TypeError, match="kv_buffer must be a torch.Tensor, got list"):
         aiter_mla.mla_decode_fwd(q, [], o, qo, kvi, idx, last, 1, page_size=16)
+    # q's last dim, o's dtype and shape and the index tensors' dtypes are named before the
+    # device too (the second fresh-user trial saw only the device message for these)
+    with pytest.raises(ValueError, match=r"must end in 576 .* got q \(2, 16, 512\)"):
+        aiter_mla.mla_decode_fwd(q[..., :512], kv, o, qo, kvi, idx, last, 1, page_size=16)
+    with pytest.raises(TypeError, match="o must have dtype torch.bfloat16, got torch.float32"):
+        aiter_mla.mla_decode_fwd(q, kv, o.float(), qo, kvi, idx, last, 1, page_size=16)
+    with pytest.raises(ValueError, match=r"o must be \[2, 16, 512\] .* got \(2, 16, 511\)"):
+        aiter_mla.mla_decode_fwd(q, kv, o[..., :511], qo, kvi, idx, last, 1, page_size=16)
+    with pytest.raises(TypeError, match="qo_indptr must have dtype torch.int32, got torch.int64"):
+        aiter_mla.mla_decode_fwd(q, kv, o, qo.long(), kvi, idx, last, 1, page_size=16)
+    with pytest.raises(TypeError, match="kv_indices must have dtype torch.int32, got torch.float32"):
+        aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx.float(), last, 1, page_size=16)
+    with pytest.raises(ValueError, match=r"kv_last_page_lens must have 1 dimension, got shape \(2, 1\)"):
+        aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last[:, None], 1, page_size=16)
 
 
 @gpu

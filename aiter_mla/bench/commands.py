@@ -202,10 +202,10 @@ def run(args: argparse.Namespace) -> int:
         args.jobs = _default_jobs()
     message = _range_message(args) or _tag_message(args)
     if message:   # also under --compile-only: a sweep the GPU run would refuse fails here first
-        print(f"aiter-mla bench: {message}", file=sys.stderr)
+        print(f"aiter-mla bench: error: {message}", file=sys.stderr)
         return 2
     if args.dtype != args.kv_dtype:
-        print(f"aiter-mla bench: -d {args.dtype} with -kvd {args.kv_dtype}: the kernels take Q and "
+        print(f"aiter-mla bench: error: -d {args.dtype} with -kvd {args.kv_dtype}: the kernels take Q and "
               f"KV of one dtype (fp8/fp8 or bf16/bf16; -d defaults to fp8, -kvd to -d): give -d "
               f"and -kvd the same value", file=sys.stderr)
         return 2
@@ -213,11 +213,11 @@ def run(args: argparse.Namespace) -> int:
         return compile_only(args)   # writes nothing into -o
     message = _output_message(args)
     if message:
-        print(f"aiter-mla bench: {message}", file=sys.stderr)
+        print(f"aiter-mla bench: error: {message}", file=sys.stderr)
         return 2
     reason = no_gpu_reason()
     if reason is not None:
-        print(f"aiter-mla bench: no CUDA GPU visible ({reason}); use --compile-only to build the "
+        print(f"aiter-mla bench: error: no CUDA GPU visible ({reason}); use --compile-only to build the "
               "variants", file=sys.stderr)
         return 2
     return bench(args)
@@ -229,7 +229,7 @@ def _variants_or_message(args):
     try:
         return sweep_variants(args.heads_qlen, args.page_size, args.dtype, args.kv_dtype), None
     except NotImplementedError as exc:
-        return None, f"aiter-mla bench: {exc}"
+        return None, f"aiter-mla bench: error: {exc}"
 
 
 def _report_build_failures(results) -> int:

@@ -64,7 +64,9 @@ def decode_params(heads: int, qlen: int, page_size: int, q_dtype: str, kv_dtype:
 def sweep_variants(pairs, page_sizes, q_dtype: str, kv_dtype: str) -> list[Variant]:
     """Distinct variants a sweep over ``pairs`` x ``page_sizes`` needs, in first-use order:
     every decode variant, then ``mla_metadata(arch)`` and ``mla_reduce(arch, out_dtype=bf16)``
-    for each arch among them. Raises NotImplementedError for an unsupported row."""
+    for each arch among them, and ``read_bandwidth(arch)`` (the bench's read ceiling,
+    :mod:`.ceilings`), so that a cache built by ``--compile-only`` serves a GPU run without a
+    compiler. Raises NotImplementedError for an unsupported row."""
     decode: dict[tuple, Variant] = {}
     for heads, qlen in pairs:
         for page in page_sizes:
@@ -74,6 +76,7 @@ def sweep_variants(pairs, page_sizes, q_dtype: str, kv_dtype: str) -> list[Varia
     for arch in dict.fromkeys(v.params["arch"] for v in decode.values()):
         out.append(Variant("mla_metadata", {"arch": arch}))
         out.append(Variant("mla_reduce", {"arch": arch, "out_dtype": "bf16"}))
+        out.append(Variant("read_bandwidth", {"arch": arch}))
     return out
 
 

@@ -107,7 +107,14 @@ def _add_cache_dir_arg(p) -> None:
 def _cache_dir(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError(f"expected a folder path, got {text!r}")
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"expected a folder, got {text!r}, which is not one")
     return text
+
+
+#: Commands that only read or trim a cache: a --cache-dir that does not exist is named on stderr
+#: (a mistyped path would otherwise read as an empty cache).
+_READS_CACHE = ("cmd_list", "cmd_clear", "cmd_gc")
 
 
 def _cache_dir_option(cmd):
@@ -116,6 +123,9 @@ def _cache_dir_option(cmd):
     def run(args) -> int:
         if getattr(args, "cache_dir", None) is None:
             return cmd(args)
+        if cmd.__name__ in _READS_CACHE and not os.path.isdir(args.cache_dir):
+            print(f"aiter-mla jit: no cache folder at --cache-dir {args.cache_dir!r}",
+                  file=sys.stderr)
         with core.using_cache_root(args.cache_dir):
             return cmd(args)
     return run

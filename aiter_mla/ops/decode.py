@@ -702,6 +702,9 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
             dtype. o: [total_q, H, 512] bf16 output.
         qo_indptr, kv_indptr, kv_indices, kv_last_page_lens: int32 batch layout (kv in pages).
         max_seqlen_q: int, q length per batch (AITER: uniform MTP length; shorter batches work).
+            It also picks the mask (there is no mask argument, as in AITER): none at 1; causal
+            above 1, bottom-right aligned per batch (q token i of a batch's n sees its first
+            ctx - n + 1 + i keys).
         page_size: must equal kv_buffer.shape[1]. nhead_kv: must be 1.
         sm_scale: default 1/sqrt(576). logit_cap: must be <= 0 (unsupported, as AITER).
         num_kv_splits, num_kv_splits_indptr, intra_batch_mode: accepted for AITER compatibility
@@ -816,6 +819,23 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
     # Once per call: the variant (the plan's checks, the decode's checks and its launch use it)
     # and the work-list count (computed by the plan when there is one, else by the checks).
     params = decode_variant(num_heads, max_seqlen_q, page_size, q.dtype, kv_buffer.dtype)
+    # the checks that need no device, so that a call on CPU tensors reports them too
+    if q.shape[2] != QK_HEAD_DIM or kv_buffer.shape[3] != QK_HEAD_DIM:
+        raise ValueError(f"q and kv_buffer must end in {QK_HEAD_DIM} (512 latent + 64 RoPE dims), got "
+                         f"q {tuple(q.shape)}, kv_buffer {tuple(kv_buffer.shape)}")
+    # (a wrong type or dtype is a TypeError, a wrong shape a ValueError, as _check_tensor's)
+    for name, t, dtype in (("o", o, torch.bfloat16), ("qo_indptr", qo_indptr, torch.int32),
+                           ("kv_indptr", kv_indptr, torch.int32), ("kv_indices", kv_indices, torch.int32),
+                           ("kv_last_page_lens", kv_last_page_lens, torch.int32)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != dtype:
+            raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
+        if name != "o" and t.dim() != 1:
+            raise ValueError(f"{name} must have 1 dimension, got shape {tuple(t.shape)}")
+    if tuple(o.shape) != (total_q, num_heads, V_HEAD_DIM):
+        raise ValueError(f"o must be [{total_q}, {num_heads}, {V_HEAD_DIM}] (q's rows and heads, the V dim), "
+                         f"got {tuple(o.shape)}")
     _require_cuda("q", q)   # after the shape and dtype checks, which need no device
     device = q.device
     clusters = None

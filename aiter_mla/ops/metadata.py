@@ -340,7 +340,8 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     size 1). ``kv_granularity``: pages per cost block (power of two; the decode op passes
     :func:`default_kv_granularity`). ``max_seqlen_qo`` (or ``uni_seqlen_qo`` when it is -1)
     must be given: reading it from ``qo_indptr`` would need a host sync. ``is_causal`` is
-    accepted and unused (as in AITER's v1_2). ``dtype_q``/``dtype_kv`` are recorded only.
+    accepted and unused (as in AITER's v1_2): the decode's mask follows the q length (causal
+    above 1, :func:`aiter_mla.ops.decode.mla_decode_fwd`), whatever it says. ``dtype_q``/``dtype_kv`` are recorded only.
 
     On a CUDA device: one launch of the JIT kernel on the current stream; no host
     synchronisation, so it can be captured in a CUDA graph. The host checks only shapes,
