@@ -47,6 +47,11 @@ def _append_args(tokens=3, dtype=torch.bfloat16, device="cpu"):
 @pytest.mark.parametrize("change,exc,text", [
     (dict(kv_cache=torch.zeros(4, 16, 1, 576, dtype=torch.bfloat16)), ValueError, "kv_cache must be a CUDA tensor"),
     (dict(kv_cache=[1, 2]), TypeError, "kv_cache must be a torch.Tensor, got list"),
+    # other mistakes are named before the device (a fresh-user trial on a CPU machine saw only
+    # the device message)
+    (dict(k_pe=torch.zeros(3, 63, dtype=torch.bfloat16)), ValueError, r"k_pe must be \[num_tokens=3, 64\]"),
+    (dict(slot_mapping=torch.zeros(3, dtype=torch.int32)), TypeError, "slot_mapping must be torch.int64"),
+    (dict(kv_cache=torch.zeros(4, 16, 1, 576)), TypeError, "kv_cache must be torch.bfloat16 or"),
 ])
 def test_cache_append_names_a_bad_argument_on_cpu(change, exc, text):
     args = _append_args() | change

@@ -1180,8 +1180,16 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
     last = torch.tensor([16, 16], dtype=torch.int32)
     with pytest.raises(ValueError, match="q must be a CUDA tensor, got one on cpu"):
         aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last, 1, page_size=16)
+    split_o = torch.empty(2, 1, 16, 512)
+    split_l = torch.empty(2, 1, 16, 1)
+    wis = torch.zeros(2, 8, dtype=torch.int32)
     with pytest.raises(ValueError, match="query must be a CUDA tensor, got one on cpu"):
-        aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, qo, 1, 0.1, o, o, o)
+        aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, wis, 1, 0.1, split_o, split_l, o)
+    # hk_mla_decode_fwd names another mistake before the device too
+    with pytest.raises(TypeError, match="final_output must have dtype torch.bfloat16, got torch.float32"):
+        aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, wis, 1, 0.1, split_o, split_l, o.float())
+    with pytest.raises(ValueError, match=r"work_info_set must have 2 dimensions, got shape \(3,\)"):
+        aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, qo, 1, 0.1, split_o, split_l, o)
     # a mistake besides the device is named first (the fresh-user trial, on a CPU machine, saw
     # only the device message for a bad dtype, shape or page size)
     with pytest.raises(NotImplementedError, match="q dtype torch.float32 with kv dtype torch.bfloat16"):

@@ -352,6 +352,14 @@ def test_reduce_rejects_cpu_tensors():
     with pytest.raises(ValueError, match="partial_output must be a CUDA tensor"):
         mla_reduce_v1(b["partial_output"], b["partial_lse"], b["reduce_indptr"],
                       b["reduce_final_map"], b["reduce_partial_map"], 1, out, lse)
+    # another mistake is named before the device (a fresh-user trial on a CPU machine saw only
+    # the device message)
+    with pytest.raises(ValueError, match="final_lse"):
+        mla_reduce_v1(b["partial_output"], b["partial_lse"], b["reduce_indptr"],
+                      b["reduce_final_map"], b["reduce_partial_map"], 1, out, lse[:, :2])
+    with pytest.raises((TypeError, ValueError), match="reduce_indptr"):
+        mla_reduce_v1(b["partial_output"], b["partial_lse"], b["reduce_indptr"].long(),
+                      b["reduce_final_map"], b["reduce_partial_map"], 1, out, lse)
 
 
 def test_public_names():

@@ -91,9 +91,10 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
     """
     if not isinstance(kv_cache, torch.Tensor):
         _fail(TypeError, "kv_cache", "a torch.Tensor", type(kv_cache).__name__)
-    device = kv_cache.device
-    if device.type != "cuda":
-        _fail(ValueError, "kv_cache", "a CUDA tensor", device)
+    device = kv_cache.device   # every tensor on it; CUDA is checked last (below), so that a call
+    if device.type != "cuda" and any(isinstance(t, torch.Tensor) and t.device.type == "cuda"   # on CPU
+                                     for t in (kv_c, k_pe, slot_mapping, kv_scale)):   # names the rest too
+        _fail(ValueError, "kv_cache", "a CUDA tensor", device)   # the odd one out
     cache_dtype = _CACHE_DTYPES.get(kv_cache.dtype)
     if cache_dtype is None:
         _fail(TypeError, "kv_cache", "torch.bfloat16 or torch.float8_e4m3fn", kv_cache.dtype)
@@ -123,6 +124,8 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
             _fail(ValueError, "kv_scale", f"on {device} (kv_cache's device)", kv_scale.device)
     elif kv_scale is not None:
         _fail(ValueError, "kv_scale", "None for a bf16 kv_cache (values are copied)", "a tensor")
+    if device.type != "cuda":
+        _fail(ValueError, "kv_cache", "a CUDA tensor", device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     module, fn = _entry_points.get(cache_dtype, index)
     sink = errors.sink(index)

@@ -335,9 +335,12 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
     (``errors``)."""
     if not isinstance(query, torch.Tensor):
         raise TypeError(f"query must be a torch.Tensor, got {type(query).__name__}")
-    device = query.device
-    if device.type != "cuda":
-        raise ValueError(f"query must be a CUDA tensor, got device {device}")
+    device = query.device   # every tensor on it; CUDA is checked after the tensors (below), so
+    if device.type != "cuda" and any(   # that a call on CPU tensors names its other mistakes too
+            isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in (
+                kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, work_indptr,
+                work_info_set, split_output, split_lse, final_output, q_scale, kv_scale, final_lse)):
+        raise ValueError(f"query must be a CUDA tensor, got one on {device}")   # the odd one out
     if query.dim() != 3 or query.shape[2] != QK_HEAD_DIM:
         raise ValueError(f"query must be [total_q, num_heads, {QK_HEAD_DIM}], got {tuple(query.shape)}")
     total_q, num_heads = int(query.shape[0]), int(query.shape[1])
@@ -390,6 +393,8 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
             raise ValueError(f"final_lse must be [{total_q}, {num_heads}], got {tuple(final_lse.shape)}")
     _check_scale(q_scale, "q_scale", device)
     _check_scale(kv_scale, "kv_scale", device)
+    if device.type != "cuda":
+        raise ValueError(f"query must be a CUDA tensor, got one on {device}")
     if clusters is None:
         clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device)
     _check_plan(work_info_set, work_indptr, num_heads, max_seqlen_q, page_size, batch, clusters)
@@ -653,6 +658,10 @@ def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, k
 def _hk_decode(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
                work_indptr, work_info_set, max_seqlen_q, softmax_scale, split_output, split_lse,
                final_output, q_scale, kv_scale, final_lse) -> None:
+    if isinstance(query, torch.Tensor) and not query.is_cuda:   # the device-free checks first,
+        _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
+                  work_indptr, work_info_set, max_seqlen_q, split_output, split_lse,
+                  final_output, q_scale, kv_scale, final_lse)   # then its own device check
     _require_cuda("query", query)
     try:
         key = ("hk",) + _key(query, kv_buffer, final_output, qo_indptr, kv_indptr, kv_page_indices,

@@ -62,9 +62,12 @@ def _check(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_
     if not isinstance(partial_output, torch.Tensor):
         raise TypeError("mla_reduce_v1: partial_output must be a torch.Tensor, got "
                         f"{type(partial_output).__name__}")
+    # every tensor on partial_output's device; CUDA is checked last, so that a call on CPU
+    # tensors names its other mistakes too
     dev = partial_output.device
-    if dev.type != "cuda":
-        _fail("partial_output", "a CUDA tensor", dev)
+    if dev.type != "cuda" and any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in (
+            partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map, final_output, final_lse)):
+        _fail("partial_output", "a CUDA tensor", dev)   # the odd one out: not "move the rest to CPU"
     _check_tensor(partial_output, "partial_output", torch.float32, dev, True)
     po_shape = tuple(partial_output.shape)
     if (partial_output.dim() not in (3, 4) or po_shape[-1] != V_HEAD_DIM
@@ -101,6 +104,8 @@ def _check(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_
         if tuple(final_lse.shape) != (final_output.shape[0], H):
             _fail("final_lse", f"[total_q={final_output.shape[0]}, H={H}]",
                   tuple(final_lse.shape))
+    if dev.type != "cuda":
+        _fail("partial_output", "a CUDA tensor", dev)
 
 
 class Prepared:
