@@ -92,9 +92,8 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
     if not isinstance(kv_cache, torch.Tensor):
         _fail(TypeError, "kv_cache", "a torch.Tensor", type(kv_cache).__name__)
     device = kv_cache.device   # every tensor on it; CUDA is checked last (below), so that a call
-    if device.type != "cuda" and any(isinstance(t, torch.Tensor) and t.device.type == "cuda"   # on CPU
-                                     for t in (kv_c, k_pe, slot_mapping, kv_scale)):   # names the rest too
-        _fail(ValueError, "kv_cache", "a CUDA tensor", device)   # the odd one out
+    if device.type != "cuda" and launch.any_on_cuda(kv_c, k_pe, slot_mapping, kv_scale):   # on CPU names
+        _fail(ValueError, "kv_cache", "a CUDA tensor", device)   # the rest too; the odd one out
     cache_dtype = _CACHE_DTYPES.get(kv_cache.dtype)
     if cache_dtype is None:
         _fail(TypeError, "kv_cache", "torch.bfloat16 or torch.float8_e4m3fn", kv_cache.dtype)

@@ -336,10 +336,9 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
     if not isinstance(query, torch.Tensor):
         raise TypeError(f"query must be a torch.Tensor, got {type(query).__name__}")
     device = query.device   # every tensor on it; CUDA is checked after the tensors (below), so
-    if device.type != "cuda" and any(   # that a call on CPU tensors names its other mistakes too
-            isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in (
-                kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, work_indptr,
-                work_info_set, split_output, split_lse, final_output, q_scale, kv_scale, final_lse)):
+    if device.type != "cuda" and launch.any_on_cuda(   # that a call on CPU tensors names its other
+            kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, work_indptr,   # mistakes
+            work_info_set, split_output, split_lse, final_output, q_scale, kv_scale, final_lse):
         raise ValueError(f"query must be a CUDA tensor, got one on {device}")   # the odd one out
     if query.dim() != 3 or query.shape[2] != QK_HEAD_DIM:
         raise ValueError(f"query must be [total_q, num_heads, {QK_HEAD_DIM}], got {tuple(query.shape)}")

@@ -160,6 +160,14 @@ class IdentityCache:
         return len(self.entries)
 
 
+def any_on_cuda(*tensors) -> bool:
+    """Whether any argument is a CUDA tensor (others may be anything, None included). The ops
+    check their first tensor's device after the device-free checks, so that a call on CPU
+    tensors names its other mistakes; when another argument is already on CUDA, the first
+    tensor is the odd one out and its device check comes first."""
+    return any(getattr(t, "is_cuda", False) for t in tensors)
+
+
 def device_arch(device_index: int) -> str:
     """The template arch (``sm_90a``) of CUDA device ``device_index``; RuntimeError when it is
     not a supported target or no GPU is visible."""

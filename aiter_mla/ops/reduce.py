@@ -65,8 +65,8 @@ def _check(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_
     # every tensor on partial_output's device; CUDA is checked last, so that a call on CPU
     # tensors names its other mistakes too
     dev = partial_output.device
-    if dev.type != "cuda" and any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in (
-            partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map, final_output, final_lse)):
+    if dev.type != "cuda" and launch.any_on_cuda(partial_lse, reduce_indptr, reduce_final_map,
+                                                 reduce_partial_map, final_output, final_lse):
         _fail("partial_output", "a CUDA tensor", dev)   # the odd one out: not "move the rest to CPU"
     _check_tensor(partial_output, "partial_output", torch.float32, dev, True)
     po_shape = tuple(partial_output.shape)
