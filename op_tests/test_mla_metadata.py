@@ -623,9 +623,9 @@ def test_op_argument_checks(monkeypatch):
         call_op(small, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
     bufs = alloc(info)
     bufs[1] = bufs[1].to(torch.int64)
-    with pytest.raises(ValueError, match="work_indptr must be torch.int32"):
+    with pytest.raises(TypeError, match="work_indptr must have dtype torch.int32, got torch.int64"):
         call_op(bufs, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
-    with pytest.raises(ValueError, match="seqlens_kv_indptr must be int32"):
+    with pytest.raises(TypeError, match="seqlens_kv_indptr must have dtype torch.int32, got torch.int64"):
         b = alloc(info)
         md.get_mla_metadata_v1(torch.tensor(qo, dtype=torch.int32), torch.tensor(kv),
                                torch.tensor(lpl, dtype=torch.int32), 16, 1, False, *b[:1],
@@ -662,6 +662,9 @@ def test_metadata_cli_dump(capsys):
     rc = main(["metadata", "--batch", "2", "--ctx", "100", "--heads", "16", "--qlen", "17",
                "--page-size", "64", "--clusters", "8"])
     assert rc != 0   # q length 17: past the kernels' 16
+    rc = main(["metadata", "--batch", "0", "--ctx", "10", "--clusters", "8"])
+    out = capsys.readouterr().out   # no batch: the load line says so (it was a blank line)
+    assert rc == 0 and "cluster load: none (no batch has a key); idle clusters 8" in out, out
     for bad in (512, 48, 0):   # the kernels' page sizes are the powers of two 1..256
         rc = main(["metadata", "--batch", "2", "--ctx", "100", "--page-size", str(bad), "--clusters", "8"])
         err = capsys.readouterr().err

@@ -330,6 +330,13 @@ def test_variant_selection():
             dec.is_supported_shape(bad, 1)
     with pytest.raises(ValueError, match="dtype must be one of"):
         dec.mainloop_for("fp16", 64)
+    for rows in (0, -1, arch.MAX_ROWS + 1):   # no main loop runs these (fresh-user report)
+        with pytest.raises(ValueError, match=f"rows must be heads x qlen in 1..{arch.MAX_ROWS}, got {rows}"):
+            dec.mainloop_for("fp8", rows)
+    assert [dec.mainloop_for("fp8", r) for r in (1, 32, 33, arch.MAX_ROWS)] == [
+        "warpgroup_works", "warpgroup_works", "tile_pairs", "tile_pairs"]
+    with pytest.raises(ValueError, match=r"target must be an AMD target \(gfx942 or gfx950; .*got 'sm_90a'"):
+        dec.amd_decode_variant(128, 1, 64, FP8, FP8, target="sm_90a")
     with pytest.raises(NotImplementedError, match="dtype"):
         dec.decode_variant(128, 1, 64, FP8, torch.bfloat16)
     with pytest.raises(TypeError, match="q_dtype must be a torch.dtype .*'fp8' \\(str\\)"):

@@ -96,10 +96,14 @@ MAINLOOPS = ("tile_pairs", "warpgroup_works", "alternating")
 
 
 def mainloop_for(dtype: str, rows: int) -> str:
-    """The main loop that runs kv dtype ``dtype`` ("fp8" / "bf16") at ``rows`` = heads x qlen;
-    ValueError for another dtype name."""
+    """The main loop that runs kv dtype ``dtype`` ("fp8" / "bf16") at ``rows`` = heads x qlen
+    (1 .. arch.MAX_ROWS); ValueError for another dtype name or a row count outside that range,
+    TypeError for a non-int ``rows``."""
     if dtype not in KERNEL_DTYPES.values():
         raise ValueError(f"dtype must be one of {sorted(KERNEL_DTYPES.values())}, got {dtype!r}")
+    rows = _require_int("rows", rows)
+    if not 1 <= rows <= arch.MAX_ROWS:
+        raise ValueError(f"rows must be heads x qlen in 1..{arch.MAX_ROWS}, got {rows}")
     if dtype == "bf16":
         return "alternating"
     return "warpgroup_works" if rows <= FEW_ROWS else "tile_pairs"
@@ -212,7 +216,8 @@ def amd_decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtyp
     or a page size that is not a power of two in 1..256.
     """
     if target not in AMD_FP8:
-        raise ValueError(f"target must be one of sm_90a, {', '.join(AMD_FP8)}, got {target!r}")
+        raise ValueError(f"target must be an AMD target ({' or '.join(AMD_FP8)}; sm_90a's "
+                         f"parameters are decode_variant's), got {target!r}")
     num_heads = _require_int("num_heads", num_heads)
     max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
     page_size = _require_int("page_size", page_size)

@@ -265,7 +265,7 @@ def _check_int32_vector(t, name: str, device) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != torch.int32:
-        raise ValueError(f"{name} must be int32, got {t.dtype}")
+        raise TypeError(f"{name} must have dtype torch.int32, got {t.dtype}")   # as the decode op
     if t.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
     if t.numel() > 1 and t.stride(0) != 1:
@@ -282,7 +282,7 @@ def _check_buffer(t, name: str, dtype, min_rows: int, cols: int | None, device,
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype:
-        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+        raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
     if t.device != device:
         raise ValueError(f"{name} must be on {device}, got {t.device}")
     if not t.is_contiguous():

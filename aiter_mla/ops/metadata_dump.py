@@ -141,6 +141,8 @@ def render(qo, kv, tokens, s, *, show_works: bool = False) -> str:
         lines.append(
             f"cluster load: max {loads[top]} (cluster {top}), mean {mean:.1f}, "
             f"min {min(loads)}; max/mean {loads[top] / mean:.2f}; idle clusters {C - len(busy)}")
+    else:
+        lines.append(f"cluster load: none (no batch has a key); idle clusters {C}")
     lines.append("")
     lines.append(f"{'cluster':>7} {'works':>5} {'cost':>7} {'%payload':>8} {'kv tokens':>10}  batches")
     for c in range(C):
