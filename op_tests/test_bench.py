@@ -410,6 +410,49 @@ def test_failing_peer_in_a_row_is_a_note_not_a_crash():
     assert good.calls[:5] == [0, 0, 1, 2, 0]
 
 
+class _FakeSampler:
+    """A power.Sampler stand-in: each stop() reports the next clock."""
+    source = "fake"
+
+    def __init__(self, clocks):
+        self.clocks = list(clocks)
+
+    def start(self):
+        pass
+
+    def stop(self):
+        c = self.clocks.pop(0)
+        return power.summarize([(c, 600.0), (c + 10.0, 650.0), (c - 10.0, 700.0)])
+
+
+def test_peer_clock_is_sampled_and_shown_beside_its_ratio():
+    """At the power cap the clock moves between our timing and the peer's: each peer column
+    gets the median SM clock sampled while it was timed, in the row and in the tables."""
+    row = {"notes": [], "peers": {}}
+    good = _FakePeer("good")
+
+    def timer(fns, per_sample):
+        for fn in fns:
+            fn()
+        return Timing(8.0, 10, per_sample, "graph")
+
+    sweep.measure_peers([good], _FakeRow(), None, 2, 4.0, row, timer=timer, sync=lambda: None,
+                        sampler=_FakeSampler([1500.0, 1900.0]))
+    assert row["peer_clock_mhz"] == {"good_bf16": 1500.0, "good_fp8": 1900.0}
+    rows = synthetic_rows()
+    rows[0].update(peers={"good_bf16": 8.0}, peer_ratio={"good_bf16": 0.5},
+                   peer_clock_mhz={"good_bf16": 1500.0})
+    headers, cells = report._table(rows)
+    i = headers.index("good_bf16 MHz")
+    assert headers[i - 2:i] == ["good_bf16 µs", "ours/good_bf16"]
+    # rows without a peer clock show "–" (a failed row's cells are blank)
+    assert cells[0][i] == "1500" and all(c[i] in ("–", "") for c in cells[1:]), [c[i] for c in cells]
+    assert "–" in [c[i] for c in cells[1:]]
+    no_clock = synthetic_rows()
+    no_clock[0].update(peers={"good_bf16": 8.0}, peer_ratio={"good_bf16": 0.5})
+    assert "good_bf16 MHz" not in report._table(no_clock)[0]   # no sampler: no column
+
+
 # ------------------------------------------------------------------------------------------
 # command line
 
@@ -640,7 +683,8 @@ def test_sweep_orchestration_on_cpu_with_a_stand_in_op(monkeypatch, tmp_path):
     ctx = sweep.SweepContext("cpu", pool, CEIL_READ, l2, 132, [ZeroPeer()], sampler=sampler)
     rows = sweep.run_sweep(specs, ctx, progress=False)
     assert len(rows) == 6
-    assert len(sampler.windows) == 4 and not sampler.open   # one window per row that was timed
+    # two windows per row that was timed: our decode's, then the peer's
+    assert len(sampler.windows) == 8 and not sampler.open
     for row in rows:
         if row["batch"] == 3:
             assert row["error"] == "RuntimeError: launch failed: stand-in error" and row["us"] is None
@@ -652,6 +696,7 @@ def test_sweep_orchestration_on_cpu_with_a_stand_in_op(monkeypatch, tmp_path):
         assert row["floor_us"] < sweep.STEP_MAX_FLOOR_US and row["step_us"] == 15.0
         assert row["ref_ok"] and row["ref_rel_err"] < 4e-3  # bf16 rounding of the output only
         assert row["peers"] == {"zero_bf16": 40.0} and row["peer_ratio"] == {"zero_bf16": 0.5}
+        assert row["peer_clock_mhz"] == {"zero_bf16": 1830.0}
         assert row["peer_ref_rel_err"]["zero_bf16"] == pytest.approx(1.0)
         assert row["frac_floor"] == pytest.approx(row["floor_us"] / 20.0)
         assert row["max_split_per_batch"] == 32

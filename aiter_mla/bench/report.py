@@ -123,8 +123,9 @@ def _table(rows: list[dict], short: bool = False) -> tuple[list[str], list[list[
     if has_gpu:    # while the decode was timed: median SM clock, median/max board power
         names += ["MHz", "W"] if short else ["SM MHz", "board W (med/max)"]
     headers = ["batch", "ctx"] + (["Σkv", "max kv"] if varlen else []) + names
+    peer_mhz = {c for r in rows for c in r.get("peer_clock_mhz", {})}
     for c in peer_cols:
-        headers += [f"{c} µs", f"ours/{c}"]
+        headers += [f"{c} µs", f"ours/{c}"] + ([f"{c} MHz"] if c in peer_mhz else [])
     if has_seed:
         headers.append("MI355 µs (ref)" if short else f"{reference_numbers.SEED_MI355_LABEL} µs (ref)")
     cells = []
@@ -150,6 +151,8 @@ def _table(rows: list[dict], short: bool = False) -> tuple[list[str], list[list[
                      f"{watts['median']:.0f}/{watts['max']:.0f}" if watts else "–"]
         for c in peer_cols:
             line += [_f(r["peers"].get(c)), _f(r.get("peer_ratio", {}).get(c), 2)]
+            if c in peer_mhz:   # the SM clock while the peer was timed (median)
+                line.append(_f(r.get("peer_clock_mhz", {}).get(c), 0))
         if has_seed:
             line.append(_f(r.get("seed_mi355_us")))
         cells.append(line)

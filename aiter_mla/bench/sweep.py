@@ -392,16 +392,19 @@ def _measure(spec: RowSpec, ctx: SweepContext, row: dict) -> None:
         if t.note:
             row["notes"].append(t.note)
 
-    measure_peers(ctx.peers, ri, ref, per_graph, dec.us, row)
+    measure_peers(ctx.peers, ri, ref, per_graph, dec.us, row, sampler=ctx.sampler)
 
 
 def measure_peers(peers, ri, ref, per_graph: int, ours_us: float, row: dict, timer=None,
-                  sync=None) -> None:
+                  sync=None, sampler=None) -> None:
     """Time every peer kind on the row's inputs into ``row["peers"]`` (µs), ``row["peer_ratio"]``
     (ours / peer) and ``row["peer_ref_rel_err"]``; a peer that fails adds a row note instead.
 
     ``ref`` is the float64 reference of the first requests (or None: no check); ``timer`` and
-    ``sync`` default to :func:`time_calls` and ``torch.cuda.synchronize``.
+    ``sync`` default to :func:`time_calls` and ``torch.cuda.synchronize``. ``sampler`` (a
+    :class:`.power.Sampler`, or None) samples the SM clock while each peer is timed, into
+    ``row["peer_clock_mhz"]`` (median MHz per peer column): at the power cap the clock moves
+    between our timing and the peer's, and a ratio then mixes clock with kernel speed.
     """
     from ..reference import relative_l2
 
@@ -422,11 +425,14 @@ def measure_peers(peers, ri, ref, per_graph: int, ours_us: float, row: dict, tim
                 sync()
                 if ref is not None:
                     peer_err[col] = relative_l2(run.output()[:ref.shape[0]], ref)
-                t = timer(_rotated_calls(run.call, ri.rotation, per_graph), per_graph)
+                with power.sampled(sampler) as gpu:
+                    t = timer(_rotated_calls(run.call, ri.rotation, per_graph), per_graph)
             except Exception as exc:  # a failing peer is a note, not a crash
                 row["notes"].append(f"{col}: {_first_line(exc)}")
                 continue
             row["peers"][col] = t.us
+            if gpu["clock_mhz"]:
+                row.setdefault("peer_clock_mhz", {})[col] = gpu["clock_mhz"]["median"]
             ratios[col] = ours_us / t.us
             if t.note:
                 row["notes"].append(f"{col}: {t.note}")
