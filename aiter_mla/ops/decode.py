@@ -288,7 +288,7 @@ def _check_tensor(t, name: str, dtype, device: torch.device, dim: Optional[int] 
     if t.device != device:
         raise ValueError(f"{name} must be on {device} (where query is), got {t.device}")
     if dim is not None and t.dim() != dim:
-        raise ValueError(f"{name} must have {dim} dimensions, got shape {tuple(t.shape)}")
+        raise ValueError(f"{name} must have {dim} dimension{'' if dim == 1 else 's'}, got shape {tuple(t.shape)}")
     if contiguous and not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (shape {tuple(t.shape)}, stride {t.stride()})")
 
@@ -836,16 +836,13 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
     if q.shape[2] != QK_HEAD_DIM or kv_buffer.shape[3] != QK_HEAD_DIM:
         raise ValueError(f"q and kv_buffer must end in {QK_HEAD_DIM} (512 latent + 64 RoPE dims), got "
                          f"q {tuple(q.shape)}, kv_buffer {tuple(kv_buffer.shape)}")
-    # (a wrong type or dtype is a TypeError, a wrong shape a ValueError, as _check_tensor's)
-    for name, t, dtype in (("o", o, torch.bfloat16), ("qo_indptr", qo_indptr, torch.int32),
-                           ("kv_indptr", kv_indptr, torch.int32), ("kv_indices", kv_indices, torch.int32),
-                           ("kv_last_page_lens", kv_last_page_lens, torch.int32)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != dtype:
-            raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
-        if name != "o" and t.dim() != 1:
-            raise ValueError(f"{name} must have 1 dimension, got shape {tuple(t.shape)}")
+    # (_check_tensor against each tensor's own device: the device check comes after these, and
+    # the layout checks with _validate's)
+    for name, t, dtype, dim in (("o", o, torch.bfloat16, 3), ("qo_indptr", qo_indptr, torch.int32, 1),
+                                ("kv_indptr", kv_indptr, torch.int32, 1),
+                                ("kv_indices", kv_indices, torch.int32, 1),
+                                ("kv_last_page_lens", kv_last_page_lens, torch.int32, 1)):
+        _check_tensor(t, name, dtype, getattr(t, "device", None), dim=dim, contiguous=False)
     if tuple(o.shape) != (total_q, num_heads, V_HEAD_DIM):
         raise ValueError(f"o must be [{total_q}, {num_heads}, {V_HEAD_DIM}] (q's rows and heads, the V dim), "
                          f"got {tuple(o.shape)}")
