@@ -176,12 +176,14 @@ template <class C>
 __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C::kMBlocks][C::BN / 32][4],
                                      uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], RowState& st, uint8_t* smem,
                                      uint32_t bar_full, uint32_t bar_empty, StageUse su_a, StageUse su_b, int tok_a,
-                                     int valid_a, int valid_b, float scale_log2, int half, int group, int lane) {
+                                     int valid_a, int valid_b, float scale_log2, int half, int group, int lane,
+                                     uint32_t q_empty) {
   const int r0 = group * 16 + (lane >> 2);
   const int tok = tok_a + half * C::BN;
   float s[C::kSTiles][4];
   float mx[2];
   qk_tile<C>(s, smem, bar_full, half == 0 ? su_a : su_b);
+  if (q_empty != 0) wg::mbar_arrive(q_empty);   // the work's last read of Q: the next work's copy may start
   AITER_MLA_STAMP(kQk);
   const float sc = masked_quad_max<C>(s, st, tok + (lane & 3) * 2, tok + C::BN, scale_log2, mx);
   float ref[2], sum[2] = {0.f, 0.f};
@@ -244,7 +246,7 @@ template <class C>
 __device__ __forceinline__ void single(float (&o)[C::kOTiles][4], uint32_t (&a)[C::kMBlocks][C::BN / 32][4],
                                        RowState& st, uint8_t* smem, uint32_t bar_full, uint32_t bar_empty,
                                        StageUse su, int tok, int valid, float scale_log2, int half, int group,
-                                       int lane) {
+                                       int lane, uint32_t q_empty) {
   using V = KeyHalfTile<C>;
   float s[V::kSTiles][4];
   wg::mbar_wait(bar_full + su.stage * 8, su.parity);
@@ -254,6 +256,7 @@ __device__ __forceinline__ void single(float (&o)[C::kOTiles][4], uint32_t (&a)[
     wg::qk_begin<V>(qk_acc, smem, su.stage, half);
     wg::qk_finish<V>(s, qk_acc, smem, su.stage, half);
   }
+  if (q_empty != 0) wg::mbar_arrive(q_empty);   // the work's last read of Q
   AITER_MLA_STAMP(kQk);
   wg::fence_operands(o);
   transposed_pv::load_vt_frags<V>(a, smem, su.stage, half, group, lane, valid);
