@@ -70,6 +70,7 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
   static constexpr int kParts = Tma ? 3 : 1;
   static constexpr int kPartRope = 0;                         // part 1 + h: V half h (column blocks 4h .. 4h + 3)
   static constexpr int kOffBar = kOffRed + T::kRedBytes;      // full[stage][part], empty[stage][part], q_full, q_empty
+  static constexpr int kQBufs = 1;
   static constexpr int kOffQBar = kOffBar + 2 * kStages * kParts * 8;
   static constexpr int kSmemBytes = kOffQBar + (kQTma ? 2 * 8 : 0);
 

@@ -44,8 +44,12 @@ struct TilePairsConfig : fp8::TmaTile<BlockN, PageSize, Causal> {
   static constexpr int kOffInv = kOffMax + 2 * kRows * 4;             // [64] out_scale / l (transposed_pv::write_output)
   static constexpr int kOffRed = kOffInv + kRows * 4;
   static constexpr int kOffBar = kOffRed + T::kRedBytes;              // full[kStages], empty[kStages]
-  static constexpr int kOffQBar = kOffBar + 2 * kStages * 8;          // q_full, q_empty (kQTma)
-  static constexpr int kSmemBytes = kOffQBar + 2 * 8;
+  // With TMA stages Q has two buffers, each with its q_full and q_empty: the producer copies the
+  // next work's Q while this one runs, so short works (one or two tiles) do not wait for their Q.
+  static constexpr int kQBufs = T::kSw64 ? 2 : 1;
+  static constexpr int kOffQBar = kOffBar + 2 * kStages * 8;          // [kQBufs] x (q_full, q_empty) (kQTma)
+  static constexpr int kOffQ1 = (kOffQBar + kQBufs * 16 + 511) / 512 * 512;   // Q buffer 1 (kQBufs == 2)
+  static constexpr int kSmemBytes = kQBufs > 1 ? kOffQ1 + T::kQBytes : kOffQBar + 2 * 8;
   // With TMA stages the producer copies Q too, first of each work, in the stage layout: no
   // consumer cp.async of Q, whose issue stalled behind the KV copies.
   static constexpr bool kQTma = T::kSw64;
@@ -114,12 +118,13 @@ __device__ __forceinline__ void qk_rest(float (&s)[C::kSTiles][4], float (&acc)[
   }
 }
 template <class C>
-__device__ __forceinline__ void qk_tile(float (&s)[C::kSTiles][4], const uint8_t* smem, uint32_t bar_full, StageUse su) {
+__device__ __forceinline__ void qk_tile(float (&s)[C::kSTiles][4], const uint8_t* smem, uint32_t bar_full, StageUse su,
+                                        int q_off) {
   static_assert(C::kFp8, "the tile_pairs loop is fp8 only");
   static_assert(QkPlan::kBounds[0] == 0 && QkPlan::kBounds[QkPlan::kChunks] == C::kKSteps, "the chunks cover QK's k-steps");
   wg::mbar_wait(bar_full + su.stage * 8, su.parity);
   AITER_MLA_STAMP(kKvWait);
-  const uint32_t q_addr = smem_addr(smem + C::kOffQ);
+  const uint32_t q_addr = smem_addr(smem + q_off);
   const uint32_t k_addr = smem_addr(smem + C::kOffKv + su.stage * C::kStageBytes);
   float acc[C::kSTiles][4];
   qk_chunk<C, 0>(s, q_addr, k_addr);
@@ -177,12 +182,12 @@ __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C
                                      uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], RowState& st, uint8_t* smem,
                                      uint32_t bar_full, uint32_t bar_empty, StageUse su_a, StageUse su_b, int tok_a,
                                      int valid_a, int valid_b, float scale_log2, int half, int group, int lane,
-                                     uint32_t q_empty) {
+                                     int q_off, uint32_t q_empty) {
   const int r0 = group * 16 + (lane >> 2);
   const int tok = tok_a + half * C::BN;
   float s[C::kSTiles][4];
   float mx[2];
-  qk_tile<C>(s, smem, bar_full, half == 0 ? su_a : su_b);
+  qk_tile<C>(s, smem, bar_full, half == 0 ? su_a : su_b, q_off);
   if (q_empty != 0) wg::mbar_arrive(q_empty);   // the work's last read of Q: the next work's copy may start
   AITER_MLA_STAMP(kQk);
   const float sc = masked_quad_max<C>(s, st, tok + (lane & 3) * 2, tok + C::BN, scale_log2, mx);
@@ -246,15 +251,15 @@ template <class C>
 __device__ __forceinline__ void single(float (&o)[C::kOTiles][4], uint32_t (&a)[C::kMBlocks][C::BN / 32][4],
                                        RowState& st, uint8_t* smem, uint32_t bar_full, uint32_t bar_empty,
                                        StageUse su, int tok, int valid, float scale_log2, int half, int group,
-                                       int lane, uint32_t q_empty) {
+                                       int lane, int q_off, uint32_t q_empty) {
   using V = KeyHalfTile<C>;
   float s[V::kSTiles][4];
   wg::mbar_wait(bar_full + su.stage * 8, su.parity);
   AITER_MLA_STAMP(kKvWait);
   {
     wg::QkAcc<V> qk_acc;
-    wg::qk_begin<V>(qk_acc, smem, su.stage, half);
-    wg::qk_finish<V>(s, qk_acc, smem, su.stage, half);
+    wg::qk_begin<V>(qk_acc, smem, su.stage, half, q_off);
+    wg::qk_finish<V>(s, qk_acc, smem, su.stage, half, q_off);
   }
   if (q_empty != 0) wg::mbar_arrive(q_empty);   // the work's last read of Q
   AITER_MLA_STAMP(kQk);

@@ -498,8 +498,8 @@ __device__ __forceinline__ void qk_pipeline(float (&s)[C::kSTiles][4], QkAcc<C>&
 
 // Issues the first (up to) two chunks; returns without waiting.
 template <class C>
-__device__ __forceinline__ void qk_begin(QkAcc<C>& a, const uint8_t* smem, int stage, int half) {
-  const uint32_t q_addr = smem_addr(smem + C::kOffQ);
+__device__ __forceinline__ void qk_begin(QkAcc<C>& a, const uint8_t* smem, int stage, int half, int q_off = C::kOffQ) {
+  const uint32_t q_addr = smem_addr(smem + q_off);
   const uint32_t k_addr = smem_addr(smem + C::kOffKv + stage * C::kStageBytes) + k_half_offset<C>(half);
   qk_issue_chunk<C, 0>(a, q_addr, k_addr);
   if constexpr (QkAcc<C>::kChunks > 1) qk_issue_chunk<C, 1>(a, q_addr, k_addr);
@@ -508,10 +508,10 @@ __device__ __forceinline__ void qk_begin(QkAcc<C>& a, const uint8_t* smem, int s
 // Runs the remaining chunks and sums every chunk into s (fp32); all QK wgmmas are done after.
 template <class C>
 __device__ __forceinline__ void qk_finish(float (&s)[C::kSTiles][4], QkAcc<C>& a, const uint8_t* smem, int stage,
-                                          int half) {
+                                          int half, int q_off = C::kOffQ) {
 #pragma unroll
   for (int j = 0; j < C::kSTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-  const uint32_t q_addr = smem_addr(smem + C::kOffQ);
+  const uint32_t q_addr = smem_addr(smem + q_off);
   const uint32_t k_addr = smem_addr(smem + C::kOffKv + stage * C::kStageBytes) + k_half_offset<C>(half);
   qk_pipeline<C, 2>(s, a, q_addr, k_addr);
   constexpr int kN = QkAcc<C>::kChunks;
