@@ -56,6 +56,28 @@ inline T shfl_up(T v, int d) {
   return r;
 }
 
+// __shfl_sync(v, src): lane src's v, to every lane of the warp.
+template <class T>
+inline T shfl_idx(T v, int src) {
+  const int w = tid / kWarp;
+  blk->slots[tid] = (int64_t)v;
+  blk->warps[w]->wait();
+  const T r = (T)blk->slots[w * kWarp + (src % kWarp)];
+  blk->warps[w]->wait();
+  return r;
+}
+
+// __popc(__ballot_sync(pred)): the warp's lanes whose pred is non-zero.
+inline int warp_count(int pred) {
+  const int w = tid / kWarp;
+  blk->slots[tid] = pred != 0;
+  blk->warps[w]->wait();
+  int n = 0;
+  for (int i = 0; i < kWarp; ++i) n += (int)blk->slots[w * kWarp + i];
+  blk->warps[w]->wait();
+  return n;
+}
+
 }  // namespace emu
 
 #define MD_DEVICE inline
@@ -66,6 +88,9 @@ inline T shfl_up(T v, int d) {
 #define MD_SYNC() emu::sync_block()
 #define MD_SYNC_COUNT(pred) emu::sync_count(pred)
 #define MD_SHFL_UP(v, d) emu::shfl_up((v), (d))
+#define MD_SHFL_IDX(v, s) emu::shfl_idx((v), (s))
+#define MD_WARP_ANY(pred) (emu::warp_count(pred) != 0)
+#define MD_WARP_COUNT(pred) emu::warp_count(pred)
 #define MD_FFS(m) __builtin_ffsll((long long)(m))
 
 #include MD_RENDERED

@@ -817,10 +817,10 @@ def test_emulated_kernel_batch_4096(emulator):
 
 
 def test_emulated_kernel_block_per_batch(emulator):
-    """The device's block below 1024 batches: one thread per batch in whole warps
-    (aiter_mla_get_metadata_v1's launch; one warp at batch 1), so one tile, and works walked in
-    several rounds when the cuts make more works than threads. Batch sizes at and around the
-    warp and block edges, long contexts so that batches are cut."""
+    """The device's block below 1024 batches: one warp up to 64 batches (md_body_warp), else
+    one thread per batch in whole warps (aiter_mla_get_metadata_v1's launch), so one tile, and
+    works walked in several rounds when the cuts make more works than threads. Batch sizes at
+    and around the warp and block edges, long contexts so that batches are cut."""
     rng = random.Random(32)
     rounds = 0
     for B in (1, 2, 31, 32, 33, 64, 100, 500, 900, 993, 1023):
@@ -830,11 +830,31 @@ def test_emulated_kernel_block_per_batch(emulator):
         lens = random_lengths(rng, "random", B, ps, G)
         qlens = [rng.randint(1, 4) for _ in range(B)]
         qo, kv, lpl = make_inputs(lens, qlens, ps)
-        threads = min(1024, -(-B // 32) * 32)
+        threads = 32 if B <= 64 else min(1024, -(-B // 32) * 32)   # the launch's rule
         s = emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=ps, G=G, thr=4,
                                 nthreads=threads)
         rounds += len(s.work_info) > threads
     assert rounds >= 3   # the cases do walk works in more than one round
+
+
+@pytest.mark.parametrize("nthreads", [32, 64])
+def test_emulated_kernel_one_warp_path(emulator, nthreads):
+    """Up to 64 batches in one warp (md_body_warp, two batches a lane, shuffles only) against
+    the reference, and the same inputs through md_body's block scans (64 threads): every batch
+    count from 0 to 64 and 65 (the block path again), cut and uncut, uniform and not, every
+    page size the launch sees, and the hint count."""
+    rng = random.Random(64)
+    for B in list(range(0, 66)):
+        for kind in ("random", "uniform"):
+            ps = rng.choice((1, 16, 64))
+            G = md.default_kv_granularity(ps)
+            C = rng.choice((1, 2, 66, 132))
+            lens = (random_lengths(rng, "random", B, ps, G) if kind == "random"
+                    else [rng.choice((21, 3200, 8192))] * B)
+            qlens = [rng.randint(1, 4) for _ in range(B)]
+            qo, kv, lpl = make_inputs(lens, qlens, ps)
+            emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=ps, G=G, thr=4,
+                                nthreads=nthreads)
 
 
 def test_emulated_kernel_full_block_and_many_tiles(emulator):
@@ -855,7 +875,7 @@ def test_emulated_kernel_invalid_values_stay_in_bounds(emulator):
     inside the buffers (each buffer here is followed by a guard region)."""
     rng = random.Random(3)
     for _ in range(30):
-        B, C = rng.randint(1, 200), rng.randint(1, 40)
+        B, C = rng.choice((rng.randint(1, 64), rng.randint(1, 200))), rng.randint(1, 40)
         kv = [rng.randint(-2**31, 2**31 - 1) for _ in range(B + 1)]
         qo = [rng.randint(-2**31, 2**31 - 1) for _ in range(B + 1)]
         lpl = [rng.randint(-2**31, 2**31 - 1) for _ in range(B)]
@@ -864,7 +884,7 @@ def test_emulated_kernel_invalid_values_stay_in_bounds(emulator):
         raw = alloc([((s[0] + guard,) + s[1:], d) for s, d in info])
         bufs = [r[: s[0]] for r, (s, _) in zip(raw, info)]
         emulator.run(bufs, qo, kv, lpl, C=C, page_size=rng.choice([1, 16]), G=rng.choice([1, 4]),
-                     thr=rng.randint(1, 8), nthreads=64)
+                     thr=rng.randint(1, 8), nthreads=rng.choice([32, 64]))
         for r, (s, d) in zip(raw[1:], info[1:]):
             assert (r[s[0]:] == SENTINEL).all()
 
