@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="aiter-mla", description="JIT-compiled MLA decode kernels: build, inspect, benchmark"
     )
     parser.add_argument("--version", action="version", version=f"aiter-mla {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     from .jit import commands as jit_commands
     from .ops import metadata_dump
     from .bench import commands as bench_commands
@@ -60,6 +60,12 @@ def _terminate(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs ``aiter-mla`` with ``argv`` (``sys.argv[1:]`` when None) and returns its exit status:
+    0 done, 1 the work failed, 2 a usage error, 130 / 143 interrupted by Ctrl-C / SIGTERM (builds
+    in flight are killed and their staging folders removed), 141 the reader of stdout went away.
+    Every failure is one line on stderr. argparse's own errors and ``--version`` raise SystemExit,
+    as argparse does. While it runs, SIGTERM unwinds like Ctrl-C; the caller's handler is put back
+    on return."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:
@@ -68,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     import signal
     import threading
 
+    previous = None
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _terminate)
+        previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         from . import env
 
@@ -96,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         reason += _cache_root_hint(exc)
         print(f"aiter-mla {args.command}: error: {reason}", file=sys.stderr)
         return 2 if _is_usage_error(exc) else 1
+    finally:
+        if previous is not None:   # a caller of main() in-process keeps its own SIGTERM handling
+            signal.signal(signal.SIGTERM, previous)
     return int(rc or 0)
 
 

@@ -227,7 +227,10 @@ def run(dtype="bf16", page_size=64, steps=8, batch=2, prompt_len=70, wrong_scale
         backend="aiter", device=None, num_heads=128, seed=0) -> dict:
     """Prefill + ``steps`` greedy decode steps, transformers alone and with our attention in
     every layer; returns the figures (per-layer relative L2 of the attention output against
-    transformers', our op's call count per layer, the tokens of both runs, the sm_scale)."""
+    transformers', our op's call count per layer, the tokens of both runs, the sm_scale).
+    ValueError when ``steps`` < 1."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1 (decode steps to compare), got {steps}")
     from transformers import DeepseekV3ForCausalLM
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -302,16 +305,19 @@ def main(argv=None) -> int:
     p.add_argument("--wrong-scale", action="store_true", help="sm_scale = 1/sqrt(576) (negative control)")
     p.add_argument("--backend", choices=("aiter", "reference"), default="aiter")
     args = p.parse_args(argv)
+    ps = args.page_size
+    if ps < 1 or ps > 256 or ps & (ps - 1):
+        print(f"deepseek_v3_decode: --page-size must be a power of two in 1..256, got {ps}", file=sys.stderr)
+        return 2
+    if args.steps < 1:
+        print(f"deepseek_v3_decode: --steps must be >= 1 (decode steps to compare), got {args.steps}", file=sys.stderr)
+        return 2
     import importlib.util
 
     if importlib.util.find_spec("transformers") is None:
         print("deepseek_v3_decode: needs Hugging Face transformers (pip install transformers)",
               file=sys.stderr)
         return 1   # a missing package, not a wrong command line (README: exit statuses)
-    ps = args.page_size
-    if ps < 1 or ps > 256 or ps & (ps - 1):
-        print(f"deepseek_v3_decode: --page-size must be a power of two in 1..256, got {ps}", file=sys.stderr)
-        return 2
     if args.backend == "aiter" and not torch.cuda.is_available():
         print("deepseek_v3_decode: --backend aiter needs a CUDA GPU (sm_90a); none is visible "
               "(--backend reference runs the float64 reference on the CPU)", file=sys.stderr)

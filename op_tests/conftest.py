@@ -194,6 +194,16 @@ class FakeJit:
                                 cwd=str(REPO), start_new_session=True)
 
 
+def load_example(name: str):
+    """``examples/<name>.py`` loaded as a fresh module (examples are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"example_{name}", REPO / "examples" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def run_read_only(ro_dirs, cmd: list[str], env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run ``cmd`` in a child that sees every folder of ``ro_dirs`` read-only, all the way down:
     a private read-only bind mount for root (chmod does not stop root), else ``chmod -R a-w``

@@ -81,3 +81,22 @@ def test_a_missing_torch_is_named_with_the_fix(monkeypatch, capsys):
     assert cli.main(["metadata", "--batch", "2", "--ctx", "64"]) == 1
     assert capsys.readouterr().err.strip() == ("aiter-mla metadata: error: No module named 'torch' (this "
                                                "command needs PyTorch: pip install torch)")
+
+
+def test_main_restores_the_callers_sigterm_handler(tmp_path, capsys):
+    """``main()`` turns SIGTERM into an unwinding exception only while it runs: a program that
+    calls it in-process gets its own handler back, on success and on failure."""
+    import signal
+
+    def mine(signum, frame):   # pragma: no cover - never delivered
+        pass
+
+    old = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert cli.main(["jit", "list", "--cache-dir", str(tmp_path / "cache")]) == 0
+        assert signal.getsignal(signal.SIGTERM) is mine
+        assert cli.main(["metadata", "--batch", "-3", "--ctx", "64"]) == 2
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    capsys.readouterr()

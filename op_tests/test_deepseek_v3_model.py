@@ -4,22 +4,15 @@ our op's call count per layer, and a negative control (sm_scale = 1/sqrt(576) mu
 Runs ``examples/deepseek_v3_decode.py``; skips where transformers is missing."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from conftest import load_example
 
 pytest.importorskip("transformers", reason="transformers is not installed (the GPU host has it)")
 import torch  # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "deepseek_v3_decode.py"
-
 
 def _example():
-    spec = importlib.util.spec_from_file_location("deepseek_v3_decode", EXAMPLE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("deepseek_v3_decode")
 
 
 def test_token_divergence_is_read_at_the_first_difference():

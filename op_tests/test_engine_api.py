@@ -30,6 +30,9 @@ FP8_MAX = 448.0
     (dict(max_num_pages=-3), ValueError, "max_num_pages must be an int >= 1, got -3"),
     (dict(num_heads=129), NotImplementedError, r"\(129, 1\) is not supported"),
     (dict(dtype=torch.float16), NotImplementedError, "dtype must be one of"),
+    (dict(device="cpu"), ValueError, "device must be a CUDA device, got cpu"),
+    (dict(device=torch.device("meta")), ValueError, "device must be a CUDA device, got meta"),
+    (dict(device="banana"), ValueError, "device must be a CUDA device, got 'banana'"),
 ])
 def test_planner_names_a_bad_argument(kwargs, exc, text):
     args = dict(max_batch_size=4, num_heads=128, sm_scale=0.1, max_num_pages=16) | kwargs

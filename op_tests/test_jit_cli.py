@@ -27,6 +27,37 @@ def test_list_then_build_one_variant(fake_jit, capsys):
     assert extra and extra[0]["status"] == "cached" and extra[0]["params"]["n"] == 3
 
 
+def test_list_marks_an_entry_this_toolchain_would_not_load(fake_jit, capsys):
+    """A non-default entry built by another compiler is listed as 'other', with this
+    toolchain's key for it, not as '[ cached]' (which says a load would take it)."""
+    assert main(["jit", "build", "fake", *FAKE]) == 0
+    fake_jit.set_version("v2")   # the same command line now reaches another compiler
+    core.reset_state()
+    capsys.readouterr()
+    assert main(["jit", "list", "--json"]) == 0
+    mods = {m["module"]: m for m in json.loads(capsys.readouterr().out)["modules"]}
+    extra = [v for v in mods["fake"]["variants"] if not v["default"]]
+    assert len(extra) == 1 and extra[0]["status"] == "other", extra
+    key_here = core.variant_key("fake", arch="sm_90a", n=3, flavor="b")[0]
+    assert key_here != extra[0]["key"] and key_here[:12] in extra[0]["note"], extra
+    assert main(["jit", "list"]) == 0
+    assert "[  other] extra   fake(arch=sm_90a, flavor=b, n=3)" in capsys.readouterr().out
+    assert main(["jit", "build", "fake", *FAKE]) == 0   # built here too: that row is cached
+    capsys.readouterr()
+    assert main(["jit", "list", "--json"]) == 0
+    mods = {m["module"]: m for m in json.loads(capsys.readouterr().out)["modules"]}
+    assert sorted(v["status"] for v in mods["fake"]["variants"] if not v["default"]) == ["cached", "other"]
+
+
+def test_build_says_the_jobs_it_runs(fake_jit, capsys, monkeypatch):
+    """The job count printed is the one used: at most one a variant."""
+    assert main(["jit", "build", "fake", *FAKE, "-j", "100000"]) == 0
+    assert "building 1 variant(s) with 1 job(s)" in capsys.readouterr().err
+    monkeypatch.setenv("MAX_JOBS", "3")
+    assert main(["jit", "build", "fake"]) == 0
+    assert "building 2 variant(s) with 2 job(s)" in capsys.readouterr().err
+
+
 def test_build_defaults_in_parallel_and_all(fake_jit, capsys, monkeypatch):
     monkeypatch.setenv("FAKE_CC_SLEEP", "0.2")
     assert main(["jit", "build", "fake", "-j", "2"]) == 0

@@ -37,7 +37,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_info)
 
     jit = subparsers.add_parser("jit", help="build, list, clear and inspect JIT modules")
-    jsub = jit.add_subparsers(dest="jit_command", required=True)
+    jsub = jit.add_subparsers(dest="jit_command", metavar="COMMAND", required=True)
 
     p = jsub.add_parser("list", help="modules, their default variants, cached or not")
     p.add_argument("--json", action="store_true")
@@ -87,7 +87,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_gc)
 
     deps = subparsers.add_parser("deps", help="pinned third-party libraries")
-    dsub = deps.add_subparsers(dest="deps_command", required=True)
+    dsub = deps.add_subparsers(dest="deps_command", metavar="COMMAND", required=True)
     p = dsub.add_parser("fetch", help="clone pinned libraries into the cache and verify them")
     p.add_argument("names", nargs="*", help="libraries (default: every pin)")
     p.set_defaults(func=cmd_deps_fetch)
@@ -302,8 +302,8 @@ def cmd_build(args) -> int:
     if not variants:
         print("nothing to build (no default variants for that arch)", file=sys.stderr)
         return 0
-    jobs = _jobs(args.jobs)
     n, done, failures = len(variants), 0, 0
+    jobs = min(_jobs(args.jobs), n)   # no more builds at once than variants
     t0 = time.perf_counter()
     print(f"building {n} variant(s) with {jobs} job(s) into {core._get_state().cache.root}",
           file=sys.stderr)
@@ -435,8 +435,16 @@ def cmd_list(args) -> int:
                     f"cached as {e['key'][:12]}, built by another toolchain: served with "
                     "AITER_MLA_DISABLE_JIT=1 where no compiler is found")
                 continue
+            # an entry this toolchain (and these flags) would not load: its params key elsewhere
+            status, note = "cached", None
+            if isinstance(meta.get("params"), dict):
+                _, key_here = _cache_status(meta["module"], meta["params"])
+                if is_cache_key(key_here) and key_here != e["key"]:
+                    status = "other"
+                    note = (f"built by another toolchain or with other flags; not loaded here, where "
+                            f"this variant's key is {key_here[:12]}")
             mod["variants"].append({"params": meta.get("params"), "default": False,
-                                    "status": "cached", "key": e["key"], "note": None})
+                                    "status": status, "key": e["key"], "note": note})
     if args.arch:   # the cached extras of other archs out
         for mod in rows:
             mod["variants"] = [v for v in mod["variants"]

@@ -170,7 +170,10 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     Raises NotImplementedError for ``is_sparse``, ``intra_batch_mode``, ``fast_mode=False`` or
     more than 128 heads or a q length over 16 (so more than 2048 rows a tile); ValueError for a negative batch size, one whose work indices
     would not fit int32, non-positive lengths, or a dtype no decode kernel takes (TypeError
-    for a non-dtype); RuntimeError when no GPU is visible and ``CU_NUM`` is unset.
+    for a non-dtype); RuntimeError when no GPU is visible and ``CU_NUM`` is unset. Each dtype is
+    checked alone: a pair no decode kernel takes (fp8 q with bf16 KV) passes, as in AITER, since
+    the sizes do not depend on it; ``mla_decode_fwd`` refuses such a pair. The shapes hold
+    Python ints (a numpy integer ``batch_size`` is converted).
     """
     _unsupported_modes(is_sparse=is_sparse, fast_mode=fast_mode,
                        intra_batch_mode=intra_batch_mode)
@@ -181,6 +184,7 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     _check_dtype_args(q_dtype=q_dtype, kv_dtype=kv_dtype)
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
+    batch_size = int(batch_size)   # numpy integers pass check_int; the shapes hold Python ints
     check_scalars(num_heads=num_head_qo, num_clusters=1, page_size=1, kv_granularity=1,
                   max_seqlen_qo=max_seqlen_qo, max_split_per_batch=-1, names={"num_heads": "num_head_qo"})
     return _buffer_specs(batch_size, _arch.num_clusters(num_head_qo, max_seqlen_qo))

@@ -75,11 +75,17 @@ class MlaDecodePlanner:
                                       f"{sorted(map(str, decode.SUPPORTED_DTYPES))}, got {dtype}")
         self.dtype = dtype
         decode.decode_variant(self.num_heads, self.max_seqlen_q, self.page_size, dtype, dtype)
+        if device is not None:   # a wrong argument is named before the machine is asked about
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as exc:
+                raise ValueError(f"MlaDecodePlanner: device must be a CUDA device, got {device!r}") from exc
+            if device.type != "cuda":
+                raise ValueError(f"MlaDecodePlanner: device must be a CUDA device, got {device}")
         if not torch.cuda.is_available():
             raise RuntimeError("MlaDecodePlanner needs a CUDA device; none is visible")
-        device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        if device.type != "cuda":
-            raise ValueError(f"MlaDecodePlanner: device must be a CUDA device, got {device}")
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
