@@ -183,10 +183,20 @@ def _doc():
 def test_render_markdown_table():
     md = ab.render_markdown(_doc())
     assert "visiting order per round: base new; new base; base new." in md
-    assert "| case | base µs | new µs | base median | new median | new / base |" in md
-    assert "| fp8 128,1 b64 c3200 | 10.0 / 12.0 / 11.0 | 5.5 / 7.0 / 6.0 | 11.00 | 6.00 | 0.545 |" in md
+    assert "| case | base µs | new µs | base median | new median | new / base | MHz |" in md
+    assert "| fp8 128,1 b64 c3200 | 10.0 / 12.0 / 11.0 | 5.5 / 7.0 / 6.0 | 11.00 | 6.00 | 0.545 | – |" in md
     assert "| fp8 128,1 b64 c3200 | new | 8.10e-03 | 2.00e-05 | 0.00e+00 | yes |" in md
     assert "`git:HEAD` -> `/t/new/templates` | eeeeeeeeeeee |" in md
+    doc = _doc()
+    doc["cases"][0]["arms"]["base"]["clock_mhz"] = [1980.0, 1965.0, None]
+    doc["cases"][0]["arms"]["new"]["clock_mhz"] = [1830.0, 1980.0, 1980.0]
+    assert "| 11.00 | 6.00 | 0.545 | 1830-1980 |" in ab.render_markdown(doc)
+
+
+def test_clock_range():
+    assert ab.clock_range({"a": {"clock_mhz": [1980.0, 1980.0]}, "b": {"clock_mhz": [1980.0]}}) == "1980"
+    assert ab.clock_range({"a": {"clock_mhz": [1545.0, None]}, "b": {"clock_mhz": [1950.0]}}) == "1545-1950"
+    assert ab.clock_range({"a": {"clock_mhz": [None]}, "b": {}}) == "–"
 
 
 def test_failures_and_lse_error():
@@ -395,6 +405,9 @@ def test_template_ab_end_to_end_same_templates(tmp_path):
         assert len(s["us"]) == 2 and all(0 < t < 10_000 for t in s["us"])
         assert s["median_us"] == pytest.approx(sum(s["us"]) / 2)
         assert s["methods"] == ["graph"]
+        assert len(s["clock_mhz"]) == 2   # one median per round (None where pynvml is missing)
+        if doc["clock_source"] is not None:
+            assert all(500 < c < 3000 for c in s["clock_mhz"]), s["clock_mhz"]
         chk = s["check"]
         assert chk["ok"] and chk["rel_l2"] <= 0.03 and chk["lse_max_abs_err"] < 0.05
         # the first arm has no first arm to compare with (None, not a false 0)

@@ -45,8 +45,10 @@ them at the end):
    relative L2 error of the output, the max |LSE error| (natural log; equal infinities count
    0), and the output's relative L2 distance to the first arm's.
 
-Output: a table (per case: each arm's µs per round in round order, its median, and the ratio
-of its median to the first arm's), printed and written to OUTDIR/ab.md and OUTDIR/ab.json.
+Output: a table (per case: each arm's µs per round in round order, its median, the ratio of
+its median to the first arm's, and the SM clock's range over the case's timings, sampled by
+``aiter_mla.bench.power`` while each arm is timed), printed and written to OUTDIR/ab.md and
+OUTDIR/ab.json (per arm ``clock_mhz``: the median SM clock of each round, None unsampled).
 Exit status: 0, 1 when a build or a run failed or an arm missed the reference tolerance
 (``aiter_mla.bench.sweep.CHECK_TOL``), 2 for a bad argument or no GPU.
 
@@ -416,6 +418,16 @@ def _fmt(v, spec: str, none: str = "–") -> str:
     return none if v is None else format(v, spec)
 
 
+def clock_range(case_arms: dict) -> str:
+    """The SM clock (MHz) over a case's arms and rounds: "1980", "1830-1980", or "–" where none
+    was recorded. A ratio between rows whose clocks differ mixes clock with kernel speed."""
+    mhz = [c for s in case_arms.values() for c in (s.get("clock_mhz") or []) if c is not None]
+    if not mhz:
+        return "–"
+    lo, hi = min(mhz), max(mhz)
+    return f"{lo:.0f}" if lo == hi else f"{lo:.0f}-{hi:.0f}"
+
+
 def render_markdown(doc: dict) -> str:
     """ab.md: the arms, the timing table (per round in round order, median, ratio to the first
     arm) and the round-0 reference check."""
@@ -431,15 +443,16 @@ def render_markdown(doc: dict) -> str:
         lines.append(f"| {a['name']} | `{a['spec'] or '(repository)'}` -> `{a['templates']}` | "
                      f"{(a.get('tree_sha256') or '?')[:12]} |")
     lines += ["", "decode + reduce µs per call (CUDA-graph replay median, rotated inputs); per round "
-              "in round order, then the median and its ratio to the first arm's:", ""]
+              "in round order, then the median and its ratio to the first arm's; MHz: the SM clock "
+              "over every arm and round of the case (median while each was timed):", ""]
     head = ["case"] + [f"{n} µs" for n in names] + [f"{n} median" for n in names] \
-        + [f"{n} / {base}" for n in names[1:]]
+        + [f"{n} / {base}" for n in names[1:]] + ["MHz"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in doc["cases"]:
         s = c["arms"]
         row = [c["case"]] + [" / ".join(f"{t:.1f}" for t in s[n]["us"]) or "–" for n in names] \
             + [_fmt(s[n]["median_us"], ".2f") for n in names] \
-            + [_fmt(s[n]["ratio"], ".3f") for n in names[1:]]
+            + [_fmt(s[n]["ratio"], ".3f") for n in names[1:]] + [clock_range(s)]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", f"Round-0 check against float64 (first requests of input set 0): relative L2 of "
               f"the output, max |LSE error|, relative L2 to {base}'s output:", "",
@@ -608,8 +621,11 @@ def run_ab(args, arms: list[Arm], folders: dict, params: list[dict], keys: dict 
     from aiter_mla.jit.key import tree_digest
     from aiter_mla.paths import TEMPLATES_DIR
 
+    from aiter_mla.bench.power import Sampler, nvml_id, sampled
+
     names = [a.name for a in arms]
     order = round_orders(len(arms), args.rounds)
+    sampler = Sampler(nvml_id(torch.cuda.current_device()))   # SM clock while each arm is timed
     doc = {"tool": "scripts/template_ab.py", "commit": args.commit or environment.commit(exclude=args.output),
            "device": environment.machine(), "rounds": args.rounds, "order": order,
            "arms": [{"name": a.name, "spec": a.spec, "kind": a.kind,
@@ -619,9 +635,11 @@ def run_ab(args, arms: list[Arm], folders: dict, params: list[dict], keys: dict 
            "timing": "decode + reduce (mla_decode_fwd with a pre-made plan) per call: CUDA-graph "
                      "replays of back-to-back calls over rotated input sets (aiter_mla.bench.timing."
                      "time_calls), median over replays",
+           "clock_source": sampler.source,   # None: pynvml missing, no clocks recorded
            "cases": []}
     runs = make_case_runs(args.case, params, args.seed)
     times = {(ci, n): [] for ci in range(len(runs)) for n in names}
+    clocks = {(ci, n): [] for ci in range(len(runs)) for n in names}   # median SM MHz per round
     checks, errors, methods = {}, {}, {}
     first_out: dict[int, object] = {}
     try:
@@ -638,12 +656,14 @@ def run_ab(args, arms: list[Arm], folders: dict, params: list[dict], keys: dict 
                             checks[ci, arm.name], out = check_arm(run, first_out.get(ci), args.check_requests)
                             if ai == 0:
                                 first_out[ci] = out
-                        t = time_run(run, args.budget_s)
+                        with sampled(sampler) as gpu:
+                            t = time_run(run, args.budget_s)
                     except Exception as exc:  # recorded; the other arms and cases go on
                         errors[ci, arm.name] = _first_line(exc)
                         torch.cuda.synchronize()
                         continue
                     times[ci, arm.name].append(t.us)
+                    clocks[ci, arm.name].append((gpu["clock_mhz"] or {}).get("median"))
                     methods.setdefault((ci, arm.name), set()).add(t.method)
                     print(f"round {r} arm {arm.name:>12s} {run.case.label:28s} {t.us:9.2f} us "
                           f"({t.samples} x {t.calls_per_sample} calls, {t.method})", flush=True)
@@ -659,6 +679,7 @@ def run_ab(args, arms: list[Arm], folders: dict, params: list[dict], keys: dict 
             if (ci, n) in errors:
                 summary[n]["error"] = errors[ci, n]
             summary[n]["methods"] = sorted(methods.get((ci, n), ()))
+            summary[n]["clock_mhz"] = clocks[ci, n]
         doc["cases"].append({**run.case.as_dict(), "variant": run.params, "calls_per_graph": run.per_graph,
                              "rotation": {"n_sets": run.ri.rotation.n_sets,
                                           "window_pages": run.ri.rotation.window_pages},
