@@ -28,11 +28,23 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
+def _submodule(package: str, name: str):
+    """``package.name`` imported, when that module exists (``aiter_mla.ops.metadata``,
+    ``aiter_mla.arch``, ... are reachable from ``import aiter_mla`` alone, as the README writes
+    them); else AttributeError."""
+    import importlib
+    import importlib.util
+
+    if name.startswith("_") or importlib.util.find_spec(f"{package}.{name}") is None:
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    return importlib.import_module(f"{package}.{name}")
+
+
 def __getattr__(name):
     try:
         module_name, attr = _LAZY[name]
     except KeyError:
-        raise AttributeError(f"module 'aiter_mla' has no attribute {name!r}") from None
+        return _submodule(__name__, name)   # (imports set it as an attribute of the package)
     import importlib
 
     module = importlib.import_module(module_name)

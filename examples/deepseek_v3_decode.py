@@ -32,6 +32,10 @@ import sys
 import torch
 from torch import nn
 
+#: The most decode steps a run compares (each is a full forward pass of both models on the CPU
+#: or GPU: a demo, not a soak test).
+MAX_STEPS = 4096
+
 YARN = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
         "rope_theta": 10000.0}
@@ -229,8 +233,8 @@ def run(dtype="bf16", page_size=64, steps=8, batch=2, prompt_len=70, wrong_scale
     every layer; returns the figures (per-layer relative L2 of the attention output against
     transformers', our op's call count per layer, the tokens of both runs, the sm_scale).
     ValueError when ``steps`` < 1."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1 (decode steps to compare), got {steps}")
+    if not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"steps must be in 1..{MAX_STEPS} (decode steps to compare), got {steps}")
     from transformers import DeepseekV3ForCausalLM
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -309,8 +313,9 @@ def main(argv=None) -> int:
     if ps < 1 or ps > 256 or ps & (ps - 1):
         print(f"deepseek_v3_decode: --page-size must be a power of two in 1..256, got {ps}", file=sys.stderr)
         return 2
-    if args.steps < 1:
-        print(f"deepseek_v3_decode: --steps must be >= 1 (decode steps to compare), got {args.steps}", file=sys.stderr)
+    if not 1 <= args.steps <= MAX_STEPS:
+        print(f"deepseek_v3_decode: --steps must be in 1..{MAX_STEPS} (decode steps to compare), got {args.steps}",
+              file=sys.stderr)
         return 2
     import importlib.util
 

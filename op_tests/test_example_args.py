@@ -12,8 +12,9 @@ def _example():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--steps", "0"], "--steps must be >= 1 (decode steps to compare), got 0"),
-    (["--steps", "-2"], "--steps must be >= 1 (decode steps to compare), got -2"),
+    (["--steps", "0"], "--steps must be in 1..4096 (decode steps to compare), got 0"),
+    (["--steps", "-2"], "--steps must be in 1..4096 (decode steps to compare), got -2"),
+    (["--steps", "99999999999"], "--steps must be in 1..4096 (decode steps to compare), got 99999999999"),
     (["--page-size", "3"], "--page-size must be a power of two in 1..256, got 3"),
     (["--page-size", "512"], "--page-size must be a power of two in 1..256, got 512"),
 ])
@@ -24,5 +25,6 @@ def test_bad_values_exit_2_with_one_line(argv, message, capsys):
 
 
 def test_run_refuses_zero_steps():
-    with pytest.raises(ValueError, match="steps must be >= 1"):
-        _example().run(steps=0, backend="reference", device="cpu")
+    for steps in (0, 4097):
+        with pytest.raises(ValueError, match=r"steps must be in 1\.\.4096"):
+            _example().run(steps=steps, backend="reference", device="cpu")

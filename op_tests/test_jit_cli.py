@@ -49,6 +49,15 @@ def test_list_marks_an_entry_this_toolchain_would_not_load(fake_jit, capsys):
     assert sorted(v["status"] for v in mods["fake"]["variants"] if not v["default"]) == ["cached", "other"]
 
 
+def test_list_takes_one_output_form(fake_jit, capsys):
+    """--json and --variants are two output forms: asking for both is a usage error (exit 2),
+    not one of them silently."""
+    with pytest.raises(SystemExit) as exc:
+        main(["jit", "list", "--json", "--variants"])
+    assert exc.value.code == 2
+    assert "argument --variants: not allowed with argument --json" in capsys.readouterr().err
+
+
 def test_build_says_the_jobs_it_runs(fake_jit, capsys, monkeypatch):
     """The job count printed is the one used: at most one a variant."""
     assert main(["jit", "build", "fake", *FAKE, "-j", "100000"]) == 0

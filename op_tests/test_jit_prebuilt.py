@@ -445,3 +445,27 @@ def test_list_without_a_compiler_and_jit_enabled_shows_each_default_once(fake_ji
     assert "default" in rows[0] and f"cached as {keys[1][:12]}" in rows[0]
     assert "served with AITER_MLA_DISABLE_JIT=1 where no compiler is found" in rows[0]
     assert "extra" not in listed.stdout
+
+
+@pytest.mark.parametrize("disable_jit", [True, False])
+def test_list_without_a_compiler_marks_an_entry_of_other_flags(fake_jit, tmp_path, monkeypatch, disable_jit):
+    """No compiler here: an entry built with other flags is not what a load takes, so it is an
+    '[  other]' row, and the default's row does not claim it is served (fresh-user trial)."""
+    root = tmp_path / "image_cache"
+    monkeypatch.setenv("AITER_MLA_EXTRA_NVCC_FLAGS", "-DAN_IMAGE_FLAG=1")
+    assert cli.main(["jit", "build", "fake", "--param", "arch=sm_90a", "--param", "n=1",
+                     "--param", "flavor=a", "--cache-dir", str(root)]) == 0
+    key = _metas(root)[0]["key"]
+    env = {**fake_jit.env, "AITER_MLA_CACHE_DIR": str(root), **_no_compiler(tmp_path)}
+    env.pop("AITER_MLA_EXTRA_NVCC_FLAGS", None)
+    if not disable_jit:
+        del env["AITER_MLA_DISABLE_JIT"]
+    listed = _cli_child(env, [root], "jit", "list")
+    assert listed.returncode == 0, listed.stderr
+    rows = [line for line in listed.stdout.splitlines() if "fake(arch=sm_90a, flavor=a, n=1)" in line]
+    assert len(rows) == 2, listed.stdout
+    default = next(r for r in rows if "default" in r)
+    assert "served with" not in default and f"cached as {key[:12]}" not in default, default
+    other = next(r for r in rows if "extra" in r)
+    assert f"[  other] extra   fake(arch=sm_90a, flavor=a, n=1) {key[:12]}" in other, other
+    assert "built from other sources or with other flags; not loaded here" in other

@@ -40,9 +40,10 @@ def register(subparsers) -> None:
     jsub = jit.add_subparsers(dest="jit_command", metavar="COMMAND", required=True)
 
     p = jsub.add_parser("list", help="modules, their default variants, cached or not")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--variants", action="store_true",
-                   help="print the listed variants one a line, as 'jit build --from-file' reads them")
+    form = p.add_mutually_exclusive_group()   # one output form: asking for two is a usage error
+    form.add_argument("--json", action="store_true", help="print JSON instead of text")
+    form.add_argument("--variants", action="store_true",
+                      help="print the listed variants one a line, as 'jit build --from-file' reads them")
     p.add_argument("--arch", choices=ARCHS, help="list only this arch's variants")
     _add_cache_dir_arg(p)
     p.set_defaults(func=cmd_list)
@@ -394,6 +395,16 @@ def _status_without_compiler(name: str, params: dict) -> tuple[str, str]:
     return ("cached" if isinstance(got, core.Entry) else "corrupt"), got.key
 
 
+def _served_without_compiler(name: str, params: dict, key: str) -> bool:
+    """Whether a load where no compiler is found (AITER_MLA_DISABLE_JIT=1) takes entry ``key``
+    for this variant: built by any toolchain, but from the same source and flags."""
+    try:
+        _, got = core.cached_without_compiler(name, **params)
+    except Exception:
+        return False
+    return isinstance(got, core.Entry) and got.key == key
+
+
 @_cache_dir_option
 def cmd_list(args) -> int:
     cfg = load_config()
@@ -430,19 +441,26 @@ def cmd_list(args) -> int:
             # toolchain built: one row, saying when that entry serves, not a second "extra" row
             twin = next((v for v in mod["variants"] if v["default"] and v["key"] is None
                          and v["params"] == meta.get("params")), None)
-            if twin is not None:
+            if twin is not None and _served_without_compiler(mod["module"], twin["params"], e["key"]):
                 twin["note"] = (f"{twin['note']}; " if twin["note"] else "") + (
                     f"cached as {e['key'][:12]}, built by another toolchain: served with "
                     "AITER_MLA_DISABLE_JIT=1 where no compiler is found")
                 continue
             # an entry this toolchain (and these flags) would not load: its params key elsewhere
             status, note = "cached", None
-            if isinstance(meta.get("params"), dict):
+            if twin is not None:   # no compiler here, and the entry differs by source or flags
+                status = "other"
+                note = "built from other sources or with other flags; not loaded here"
+            elif isinstance(meta.get("params"), dict):
                 _, key_here = _cache_status(meta["module"], meta["params"])
                 if is_cache_key(key_here) and key_here != e["key"]:
                     status = "other"
                     note = (f"built by another toolchain or with other flags; not loaded here, where "
                             f"this variant's key is {key_here[:12]}")
+                elif not is_cache_key(key_here) and not _served_without_compiler(
+                        meta["module"], meta["params"], e["key"]):
+                    status = "other"
+                    note = "built from other sources or with other flags; not loaded here"
             mod["variants"].append({"params": meta.get("params"), "default": False,
                                     "status": status, "key": e["key"], "note": note})
     if args.arch:   # the cached extras of other archs out
