@@ -470,6 +470,8 @@ def test_disable_jit_refuses_a_rebuild_as_a_rebuild(fake_jit, monkeypatch):
     with pytest.raises(core.JitDisabledError, match=r"is to be rebuilt \(jit rebuild or AITER_REBUILD\)") as ei:
         core.build_variant("fake", force=True, **P)
     assert "not built" not in str(ei.value)
+    assert "rebuild it first in an environment without AITER_MLA_DISABLE_JIT (aiter-mla jit rebuild fake " \
+        in str(ei.value) and "jit build" not in str(ei.value), ei.value
     monkeypatch.setenv("AITER_REBUILD", "1")
     core.reset_state()
     with pytest.raises(core.JitDisabledError, match="is to be rebuilt"):

@@ -291,7 +291,7 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
     if env.get_flag("AITER_MLA_DISABLE_JIT"):
         if force:   # nothing was looked up: saying "not built" would be wrong
             raise _disabled_error(name, plan.params, f"(key {key[:16]}...) is to be rebuilt (jit "
-                                                     f"rebuild or AITER_REBUILD), which compiles")
+                                                     f"rebuild or AITER_REBUILD), which compiles", "rebuild")
         state_text = (f"is damaged in the cache ({got.reason})" if isinstance(got, Corrupt)
                       else f"is not built in {_roots(state)}")
         other = None if got is not None else _find_toolchain_free(plan)[1]
@@ -336,13 +336,14 @@ def _roots(state: _State) -> str:
                        for c in state.caches)
 
 
-def _disabled_error(name: str, params: dict, what: str) -> JitDisabledError:
+def _disabled_error(name: str, params: dict, what: str, command: str = "build") -> JitDisabledError:
     """The one-line error for a variant that ``AITER_MLA_DISABLE_JIT=1`` cannot serve; ``what``
-    says why, after the variant's name."""
-    cmd = "aiter-mla jit build " + name + "".join(f" --param {k}={_text(v)}" for k, v in params.items())
+    says why, after the variant's name; ``command``: the ``aiter-mla jit`` command that would
+    make it ("rebuild" where a rebuild was asked for: ``jit build`` keeps a cached entry)."""
+    cmd = f"aiter-mla jit {command} " + name + "".join(f" --param {k}={_text(v)}" for k, v in params.items())
     return JitDisabledError(
-        f"AITER_MLA_DISABLE_JIT=1 and {describe(name, params)} {what}: build it first in an "
-        f"environment without AITER_MLA_DISABLE_JIT ({cmd}; it refuses to build while the "
+        f"AITER_MLA_DISABLE_JIT=1 and {describe(name, params)} {what}: {command} it first in an "
+        f"environment without AITER_MLA_DISABLE_JIT ({cmd}; it refuses to {command} while the "
         f"variable is set), or unset AITER_MLA_DISABLE_JIT")
 
 
@@ -395,7 +396,7 @@ def _cached_without_compiler(name: str, params: dict, force: bool, t0: float) ->
     checked = load_config().module(name).check_params(params)
     if force or env.get_flag("AITER_REBUILD"):
         raise _disabled_error(name, checked, "is to be rebuilt (jit rebuild or AITER_REBUILD) "
-                                             "where no compiler is found")
+                                             "where no compiler is found", "rebuild")
     cache, got = cached_without_compiler(name, **checked)
     if isinstance(got, Entry):
         cache.touch_used(got.key)
