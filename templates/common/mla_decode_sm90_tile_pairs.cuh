@@ -27,6 +27,13 @@
 #pragma once
 #include "mla_decode_sm90_transposed_pv.cuh"
 
+#ifndef AITER_MLA_TILE_PAIRS_DEFERRED
+#define AITER_MLA_TILE_PAIRS_DEFERRED 1
+#endif
+#ifndef AITER_MLA_TILE_PAIRS_LATE_FRAGMENTS
+#define AITER_MLA_TILE_PAIRS_LATE_FRAGMENTS 1
+#endif
+
 namespace mla {
 namespace tile_pairs {
 
@@ -38,8 +45,16 @@ struct TilePairsConfig : fp8::TmaTile<BlockN, PageSize, Causal> {
   static constexpr int kStages = 4;                   // KV ring
   static constexpr int kMBlocks = kVDim / 2 / 64;     // m64 blocks of O^T per warpgroup
   static constexpr int kPBytes = kRows * BN;          // one P buffer (transposed_pv::p_offset layout)
-  static constexpr int kOffP = T::kOffKv + kStages * T::kStageBytes;   // P_a, P_b
-  static constexpr int kOffScale = kOffP + 2 * kPBytes;               // O^T's factors [2][64]: the pair's (buffer 0), the odd last tile's (buffer 1, `single`)
+  // O^T's last kDeferredMBlocks m-blocks take a pair's PV one pair late, after the next pair's
+  // QK, so that it runs under that pair's softmax (`pv_deferred`); their V^T fragments stay in
+  // registers through the QK, and P is double-buffered (set = pair index % 2).
+  static constexpr int kDeferredMBlocks = AITER_MLA_TILE_PAIRS_DEFERRED;
+  // The deferred m-blocks' fragments loaded after the next pair's QK (the pair's stages released
+  // then; fewer registers through the QK, a later refill) instead of with the others.
+  static constexpr bool kLateFragments = AITER_MLA_TILE_PAIRS_LATE_FRAGMENTS != 0;
+  static constexpr int kPSets = kDeferredMBlocks > 0 ? 2 : 1;
+  static constexpr int kOffP = T::kOffKv + kStages * T::kStageBytes;   // P_a, P_b of each set
+  static constexpr int kOffScale = kOffP + 2 * kPSets * kPBytes;      // O^T's factors [2][64]: the pair's (buffer 0), the odd last tile's (buffer 1, `single`)
   static constexpr int kOffMax = kOffScale + 2 * kRows * 4;           // m_loc of warpgroup 0 [64], of warpgroup 1 [64]
   static constexpr int kOffInv = kOffMax + 2 * kRows * 4;             // [64] out_scale / l (transposed_pv::write_output)
   static constexpr int kOffRed = kOffInv + kRows * 4;
@@ -50,6 +65,7 @@ struct TilePairsConfig : fp8::TmaTile<BlockN, PageSize, Causal> {
   // consumer cp.async of Q, whose issue stalled behind the KV copies.
   static constexpr bool kQTma = T::kSw64;
   static_assert(BN == 64, "the tile_pairs loop scores 64-key tiles (m64n64 QK)");
+  static_assert(kDeferredMBlocks >= 0 && kDeferredMBlocks < kMBlocks, "deferred m-blocks: 0 .. kMBlocks - 1");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
   static_assert(T::kOffKv % 512 == 0 && kOffP % 128 == 0, "operand tiles are aligned");
 };
@@ -130,44 +146,105 @@ __device__ __forceinline__ void qk_tile(float (&s)[C::kSTiles][4], const uint8_t
 // O^T[m-block MB] *= f (when `rescale`), then its four PV wgmmas: V_a^T . P_a^T and V_b^T . P_b^T
 // (P buffers 0 and 1). The next m-block's multiplies touch other registers, so they run while
 // this block's wgmmas compute (a wgmma.fence orders them before the next issue).
-template <class C, int MB>
+template <class C, int MB, int End>
 __device__ __forceinline__ void pv_pair_blocks(float (&o)[C::kOTiles][4], const uint32_t (&fa)[C::kMBlocks][C::BN / 32][4],
                                                const uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], const float2 (&f)[8],
                                                bool rescale, uint32_t p_a, uint32_t p_b) {
-  if constexpr (MB < C::kMBlocks) {
+  if constexpr (MB < End) {
     if (rescale) transposed_pv::scale_mblock(o, MB, f);
     wg::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::BN / 32; ++kk) transposed_pv::wgmma_pv_t<MB>(o, fa[MB][kk], wg::make_desc(p_a + kk * 256, 128, 512));
 #pragma unroll
     for (int kk = 0; kk < C::BN / 32; ++kk) transposed_pv::wgmma_pv_t<MB>(o, fb[MB][kk], wg::make_desc(p_b + kk * 256, 128, 512));
-    pv_pair_blocks<C, MB + 1>(o, fa, fb, f, rescale, p_a, p_b);
+    pv_pair_blocks<C, MB + 1, End>(o, fa, fb, f, rescale, p_a, p_b);
   }
 }
 
-// PV of both tiles of a pair, issued as one commit group and not waited: the V^T fragments of
-// tiles a and b (both stages released once read), O^T's factors of the pair, then per m-block
-// the rescale and four wgmmas. Both fragment sets stay live until the group is waited (64
-// registers beside O^T's 128; S and the QK accumulators are dead here).
+// A pair's two stages and their valid key counts (tiles a and b).
+struct PairUse {
+  StageUse a, b;
+  int valid_a, valid_b;
+};
+
+// PV of both tiles of a pair for O^T's first kMBlocks - kDeferredMBlocks m-blocks, issued as
+// one commit group and not waited: the V^T fragments of tiles a and b, O^T's factors of the
+// pair, then per m-block the rescale and four wgmmas, P from set `pset`. The fragments of every
+// m-block are loaded here and both stages released (kLateFragments: only the issued m-blocks',
+// the stages released by pv_deferred). The issued fragments stay live until the group is waited
+// (S and the QK accumulators are dead here), the deferred ones until pv_deferred's group is.
 template <class C>
 __device__ __forceinline__ void pv_pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C::kMBlocks][C::BN / 32][4],
                                         uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], uint8_t* smem, uint32_t bar_full,
-                                        uint32_t bar_empty, StageUse su_a, StageUse su_b, int half, int group,
-                                        int lane, int valid_a, int valid_b) {
-  wg::mbar_wait(bar_full + su_a.stage * 8, su_a.parity);
-  wg::mbar_wait(bar_full + su_b.stage * 8, su_b.parity);
+                                        uint32_t bar_empty, PairUse u, int pset, int half, int group, int lane) {
+  constexpr int kNow = C::kLateFragments ? C::kMBlocks - C::kDeferredMBlocks : C::kMBlocks;
+  wg::mbar_wait(bar_full + u.a.stage * 8, u.a.parity);
+  wg::mbar_wait(bar_full + u.b.stage * 8, u.b.parity);
   wg::fence_operands(o);
-  transposed_pv::load_vt_frags<C>(fa, smem, su_a.stage, half, group, lane, valid_a);
-  transposed_pv::load_vt_frags<C>(fb, smem, su_b.stage, half, group, lane, valid_b);
-  wg::mbar_arrive(bar_empty + su_a.stage * 8);
-  wg::mbar_arrive(bar_empty + su_b.stage * 8);
+  transposed_pv::load_vt_frags<C, 0, kNow>(fa, smem, u.a.stage, half, group, lane, u.valid_a);
+  transposed_pv::load_vt_frags<C, 0, kNow>(fb, smem, u.b.stage, half, group, lane, u.valid_b);
+  if constexpr (kNow == C::kMBlocks) {
+    wg::mbar_arrive(bar_empty + u.a.stage * 8);
+    wg::mbar_arrive(bar_empty + u.b.stage * 8);
+  }
   float2 f[8];
   const bool rescale = transposed_pv::load_factors<C>(f, smem, 0, lane);   // row_factor(0) is transposed_pv's scale[0]
-  const uint32_t p_a = smem_addr(smem + C::kOffP), p_b = p_a + C::kPBytes;
+  const uint32_t p_a = smem_addr(smem + C::kOffP) + 2 * pset * C::kPBytes, p_b = p_a + C::kPBytes;
   wg::fence_operands(o);
-  pv_pair_blocks<C, 0>(o, fa, fb, f, rescale, p_a, p_b);
+  pv_pair_blocks<C, 0, C::kMBlocks - C::kDeferredMBlocks>(o, fa, fb, f, rescale, p_a, p_b);
   wg::wgmma_commit();
   wg::fence_operands(o);
+}
+
+// The deferred m-blocks take the pair's factors once its issued group is waited (no wgmma is in
+// flight then: scaled while one was, ptxas serialised every wgmma, C7515), so pv_deferred needs
+// neither the factors nor row_factor(0), which the next softmax rewrites.
+template <class C>
+__device__ __forceinline__ void rescale_deferred(float (&o)[C::kOTiles][4], const uint8_t* smem, int lane) {
+  if constexpr (C::kDeferredMBlocks > 0) {
+    float2 f[8];
+    if (transposed_pv::load_factors<C>(f, smem, 0, lane)) {
+#pragma unroll
+      for (int mb = C::kMBlocks - C::kDeferredMBlocks; mb < C::kMBlocks; ++mb) transposed_pv::scale_mblock(o, mb, f);
+    }
+  }
+}
+
+// The previous pair's (`u`) deferred m-blocks, already rescaled by its factors (pv_pair): their
+// fragments (kLateFragments: loaded now, and the pair's stages released), then their wgmmas on P
+// set `pset` (the previous pair's), one commit group, not waited.
+template <class C>
+__device__ __forceinline__ void pv_deferred(float (&o)[C::kOTiles][4], uint32_t (&fa)[C::kMBlocks][C::BN / 32][4],
+                                            uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], const uint8_t* smem,
+                                            uint32_t bar_empty, PairUse u, int pset, int half, int group, int lane) {
+  if constexpr (C::kDeferredMBlocks > 0) {
+    constexpr int kFirst = C::kMBlocks - C::kDeferredMBlocks;
+    if constexpr (C::kLateFragments) {
+      transposed_pv::load_vt_frags<C, kFirst, C::kMBlocks>(fa, smem, u.a.stage, half, group, lane, u.valid_a);
+      transposed_pv::load_vt_frags<C, kFirst, C::kMBlocks>(fb, smem, u.b.stage, half, group, lane, u.valid_b);
+      wg::mbar_arrive(bar_empty + u.a.stage * 8);
+      wg::mbar_arrive(bar_empty + u.b.stage * 8);
+    }
+    const uint32_t p_a = smem_addr(smem + C::kOffP) + 2 * pset * C::kPBytes, p_b = p_a + C::kPBytes;
+    const float2 no_factors[8] = {};   // unread: rescale = false
+    wg::fence_operands(o);
+    pv_pair_blocks<C, kFirst, C::kMBlocks>(o, fa, fb, no_factors, false, p_a, p_b);
+    wg::wgmma_commit();
+    wg::fence_operands(o);
+  }
+}
+
+// The work's last pair's deferred m-blocks, issued and waited (before `single` or the epilogue).
+template <class C>
+__device__ __forceinline__ void pv_flush(float (&o)[C::kOTiles][4], uint32_t (&fa)[C::kMBlocks][C::BN / 32][4],
+                                         uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], const uint8_t* smem,
+                                         uint32_t bar_empty, PairUse u, int pset, int half, int group, int lane) {
+  if constexpr (C::kDeferredMBlocks > 0) {
+    pv_deferred<C>(o, fa, fb, smem, bar_empty, u, pset, half, group, lane);
+    pv_wait<C>(o, fa);
+#pragma unroll
+    for (int mb = 0; mb < C::kMBlocks; ++mb) wg::fence_operands(fb[mb]);
+  }
 }
 
 // One pair (tile a at tok_a, tile b after it): warpgroup `half` scores tile a (half 0) or b
@@ -175,16 +252,23 @@ __device__ __forceinline__ void pv_pair(float (&o)[C::kOTiles][4], uint32_t (&fa
 template <class C>
 __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C::kMBlocks][C::BN / 32][4],
                                      uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], RowState& st, uint8_t* smem,
-                                     uint32_t bar_full, uint32_t bar_empty, StageUse su_a, StageUse su_b, int tok_a,
-                                     int valid_a, int valid_b, float scale_log2, int half, int group, int lane,
+                                     uint32_t bar_full, uint32_t bar_empty, PairUse u, int tok_a,
+                                     int pset, bool deferred, float scale_log2, int half, int group, int lane,
                                      uint32_t q_empty) {
   const int r0 = group * 16 + (lane >> 2);
   const int tok = tok_a + half * C::BN;
   float s[C::kSTiles][4];
   float mx[2];
-  qk_tile<C>(s, smem, bar_full, half == 0 ? su_a : su_b);
+  qk_tile<C>(s, smem, bar_full, half == 0 ? u.a : u.b);
   if (q_empty != 0) wg::mbar_arrive(q_empty);   // the work's last read of Q: the next work's copy may start
   AITER_MLA_STAMP(kQk);
+  // the previous pair's deferred m-blocks run under this softmax (after the QK: its chunk waits
+  // would drain them)
+  if (deferred) {   // the previous pair: the two stages before this pair's, every key valid (not the work's last)
+    const PairUse prev{{(u.a.stage + C::kStages - 2) % C::kStages, 0}, {(u.a.stage + C::kStages - 1) % C::kStages, 0},
+                       C::BN, C::BN};
+    pv_deferred<C>(o, fa, fb, smem, bar_empty, prev, pset ^ 1, half, group, lane);
+  }
   const float sc = masked_quad_max<C>(s, st, tok + (lane & 3) * 2, tok + C::BN, scale_log2, mx);
   float ref[2], sum[2] = {0.f, 0.f};
 #pragma unroll
@@ -213,7 +297,7 @@ __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C
     if (half == 0 && (lane & 3) == 0) row_factor<C>(smem, 0)[r0 + 8 * h] = f_o;
   }
   {
-    uint8_t* p = smem + C::kOffP + half * C::kPBytes + transposed_pv::p_row(r0, (lane & 3) * 2);
+    uint8_t* p = smem + C::kOffP + (2 * pset + half) * C::kPBytes + transposed_pv::p_row(r0, (lane & 3) * 2);
 #pragma unroll
     for (int j = 0; j < C::kSTiles; ++j) {
       *reinterpret_cast<__nv_fp8x2_storage_t*>(p + transposed_pv::p_step(j)) = fp8::e4m3x2(s[j][0] * g[0], s[j][1] * g[0]);
@@ -223,10 +307,16 @@ __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C
   wg::fence_proxy_async();   // P_a, P_b -> the PV wgmmas' B operand
   wg::consumer_sync();       // P_a, P_b and O's factors written
   AITER_MLA_STAMP(kSoftmax);
-  pv_pair<C>(o, fa, fb, smem, bar_full, bar_empty, su_a, su_b, half, group, lane, valid_a, valid_b);
+  if constexpr (C::kDeferredMBlocks > 0) {   // the deferred group is done before its fragments are replaced
+    pv_wait<C>(o, fa);                        // (unconditional: a wait inside a branch serialises wgmmas)
+#pragma unroll
+    for (int mb = 0; mb < C::kMBlocks; ++mb) wg::fence_operands(fb[mb]);
+  }
+  pv_pair<C>(o, fa, fb, smem, bar_full, bar_empty, u, pset, half, group, lane);
   pv_wait<C>(o, fa);
 #pragma unroll
   for (int mb = 0; mb < C::kMBlocks; ++mb) wg::fence_operands(fb[mb]);
+  rescale_deferred<C>(o, smem, lane);
   AITER_MLA_STAMP(kPv);
 }
 

@@ -42,10 +42,11 @@ __device__ __forceinline__ int p_offset(int row, int pos) {
 __device__ __forceinline__ int p_row(int r0, int key0) { return p_offset(r0, p_pos(key0)); }
 __device__ __forceinline__ constexpr int p_step(int j) { return (j >> 1) * 128 + (j & 1) * 2; }
 
-// This warp's A fragments of PV for the tile in `stage`: a[mb][kk] for m-block mb, k32 step kk.
+// This warp's A fragments of PV for the tile in `stage`: a[mb][kk] for m-block mb in [MB0, MB1),
+// k32 step kk.
 // Keys at or past `valid` (tile tail: not loaded, or a TMA box's rows past the work's end,
 // possibly NaN) become 0 so that P = 0 never meets them.
-template <class C, bool Tail>
+template <class C, bool Tail, int MB0, int MB1>
 __device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C::BN / 32][4], const uint8_t* smem,
                                                    int stage, int half, int warp_in_wg, int lane, int valid) {
   const int m = lane >> 3, i = lane & 7, r = lane & 3;
@@ -59,7 +60,7 @@ __device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C:
     src += m * C::kGroupBytes + i * 16;   // row 8m + i of the step: group m, row i
   }
 #pragma unroll
-  for (int mb = 0; mb < C::kMBlocks; ++mb) {
+  for (int mb = MB0; mb < MB1; ++mb) {
     const int x = 16 * half + 4 * mb + warp_in_wg;   // 16-column chunk of V
 #pragma unroll
     for (int kk = 0; kk < C::BN / 32; ++kk) {
@@ -87,13 +88,13 @@ __device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C:
 
 // Tail = false (every key of the tile valid): no mask code between the ldmatrix, which then
 // issue back to back (a per-load mask branch serialised them).
-template <class C>
+template <class C, int MB0 = 0, int MB1 = C::kMBlocks>
 __device__ __forceinline__ void load_vt_frags(uint32_t (&a)[C::kMBlocks][C::BN / 32][4], const uint8_t* smem,
                                               int stage, int half, int warp_in_wg, int lane, int valid) {
   if (valid >= C::BN) {
-    load_vt_frags_impl<C, false>(a, smem, stage, half, warp_in_wg, lane, valid);
+    load_vt_frags_impl<C, false, MB0, MB1>(a, smem, stage, half, warp_in_wg, lane, valid);
   } else {
-    load_vt_frags_impl<C, true>(a, smem, stage, half, warp_in_wg, lane, valid);
+    load_vt_frags_impl<C, true, MB0, MB1>(a, smem, stage, half, warp_in_wg, lane, valid);
   }
 }
 

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Run in main's checkout: the A/B arms and the scripts under .ab/, FlashMLA under .peer/.
+set -euo pipefail
+root=$(git rev-parse --show-toplevel); cd "$root"
+grep -qx '/.ab/' .git/info/exclude || echo '/.ab/' >> .git/info/exclude
+grep -qx '/.peer/' .git/info/exclude || echo '/.peer/' >> .git/info/exclude
+rm -rf .ab && mkdir -p .ab
+arm() {  # name, ref
+  mkdir -p ".ab/$1" && git archive "$2" templates jit_config.json | tar x -C ".ab/$1"
+}
+arm wl exp/work-prefetch-lanes
+arm wl2 exp/work-prefetch-lanes-lens
+arm dpv exp/tile-pairs-deferred-pv
+arm dpve exp/tile-pairs-deferred-pv
+arm fi exp/tile-pairs-frag-interleave
+sed -i 's/^#define AITER_MLA_TILE_PAIRS_LATE_FRAGMENTS 1$/#define AITER_MLA_TILE_PAIRS_LATE_FRAGMENTS 0/' \
+  .ab/dpve/templates/common/mla_decode_sm90_tile_pairs.cuh
+grep -q 'LATE_FRAGMENTS 0' .ab/dpve/templates/common/mla_decode_sm90_tile_pairs.cuh
+for f in ab_arms.sh suite.sh; do git show "exp/tile-pairs-deferred-pv:device_plan/$f" > ".ab/$f"; done
+[ -d .peer/flashmla ] || { mkdir -p .peer && cp -r ../shared/peers/flashmla .peer/; }
+du -sh .ab .peer
