@@ -13,6 +13,7 @@ arm wl2 exp/work-prefetch-lanes-lens
 arm dpv exp/tile-pairs-deferred-pv
 arm dpve exp/tile-pairs-deferred-pv
 arm fi exp/tile-pairs-frag-interleave
+arm fiwl2 exp/frag-interleave-and-prefetch
 sed -i 's/^#define AITER_MLA_TILE_PAIRS_LATE_FRAGMENTS 1$/#define AITER_MLA_TILE_PAIRS_LATE_FRAGMENTS 0/' \
   .ab/dpve/templates/common/mla_decode_sm90_tile_pairs.cuh
 grep -q 'LATE_FRAGMENTS 0' .ab/dpve/templates/common/mla_decode_sm90_tile_pairs.cuh
