@@ -8,7 +8,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 r=$OUT/occ; mkdir -p "$r"
 run() {  # tag, then env assignments
   local tag=$1; shift
-  env "$@" timeout 150 python3 -m aiter_mla bench -n 16,1 -d bf16 -kvd bf16 -b 1 64 256 -c 21 3200 8192 \
+  env "$@" timeout 150 python3 -m aiter_mla bench -n 16,1 -d bf16 -kvd bf16 -b 64 128 256 -c 3200 8192 \
     --no-peers --no-jit-figures --no-progress -j 16 -o "$r" --tag "$tag" > "$r/$tag.log" 2>&1
   echo "== $tag rc=$?"
 }
