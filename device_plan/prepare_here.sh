@@ -17,6 +17,6 @@ arm fiwl2 exp/frag-interleave-and-prefetch
 sed -i 's/^#define AITER_MLA_TILE_PAIRS_LATE_FRAGMENTS 1$/#define AITER_MLA_TILE_PAIRS_LATE_FRAGMENTS 0/' \
   .ab/dpve/templates/common/mla_decode_sm90_tile_pairs.cuh
 grep -q 'LATE_FRAGMENTS 0' .ab/dpve/templates/common/mla_decode_sm90_tile_pairs.cuh
-for f in ab_arms.sh suite.sh occupancy_check.sh; do git show "exp/tile-pairs-deferred-pv:device_plan/$f" > ".ab/$f"; done
+for f in ab_arms.sh suite.sh occupancy_check.sh bench_issues.sh; do git show "exp/tile-pairs-deferred-pv:device_plan/$f" > ".ab/$f"; done
 [ -d .peer/flashmla ] || { mkdir -p .peer && cp -r ../shared/peers/flashmla .peer/; }
 du -sh .ab .peer
