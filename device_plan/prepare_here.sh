@@ -8,15 +8,18 @@ rm -rf .ab && mkdir -p .ab
 arm() {  # name, ref
   mkdir -p ".ab/$1" && git archive "$2" templates jit_config.json | tar x -C ".ab/$1"
 }
-arm wl exp/work-prefetch-lanes
-arm wl2 exp/work-prefetch-lanes-lens
-arm dpv exp/tile-pairs-deferred-pv
-arm dpve exp/tile-pairs-deferred-pv
-arm fi exp/tile-pairs-frag-interleave
-arm fiwl2 exp/frag-interleave-and-prefetch
+# commits, not branch names: main's history holds them (merged "ours") even where a checkout
+# carries main alone
+arm wl 690aeb5      # exp/work-prefetch-lanes
+arm wl2 b8f3e3d     # exp/work-prefetch-lanes-lens
+arm dpv bdba197     # exp/tile-pairs-deferred-pv (its templates; later commits are this plan)
+arm dpve bdba197
+arm fi be37937      # exp/tile-pairs-frag-interleave
+arm fiwl2 5203779   # exp/frag-interleave-and-prefetch
 sed -i 's/^#define AITER_MLA_TILE_PAIRS_LATE_FRAGMENTS 1$/#define AITER_MLA_TILE_PAIRS_LATE_FRAGMENTS 0/' \
   .ab/dpve/templates/common/mla_decode_sm90_tile_pairs.cuh
 grep -q 'LATE_FRAGMENTS 0' .ab/dpve/templates/common/mla_decode_sm90_tile_pairs.cuh
-for f in ab_arms.sh suite.sh occupancy_check.sh bench_issues.sh; do git show "exp/tile-pairs-deferred-pv:device_plan/$f" > ".ab/$f"; done
+plan=${PLAN:-exp/tile-pairs-deferred-pv}   # or the plan commit named in docs/perf/notes.md
+for f in ab_arms.sh suite.sh occupancy_check.sh bench_issues.sh; do git show "$plan:device_plan/$f" > ".ab/$f"; done
 [ -d .peer/flashmla ] || { mkdir -p .peer && cp -r ../shared/peers/flashmla .peer/; }
 du -sh .ab .peer
