@@ -16,6 +16,7 @@ arm dpv bdba197     # exp/tile-pairs-deferred-pv (its templates; later commits a
 arm dpve bdba197
 arm fi be37937      # exp/tile-pairs-frag-interleave
 arm fiwl2 5203779   # exp/frag-interleave-and-prefetch
+arm wl2m 0f6bc2b    # exp/work-prefetch-lanes-lens-on-main: wl2 on main, tile_pairs only (landable)
 sed -i 's/^#define AITER_MLA_TILE_PAIRS_LATE_FRAGMENTS 1$/#define AITER_MLA_TILE_PAIRS_LATE_FRAGMENTS 0/' \
   .ab/dpve/templates/common/mla_decode_sm90_tile_pairs.cuh
 grep -q 'LATE_FRAGMENTS 0' .ab/dpve/templates/common/mla_decode_sm90_tile_pairs.cuh
