@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from . import env
 
-        env.check_values()   # a malformed variable is an error on every command
+        if args.func.__name__ != "cmd_info":   # info reports it among the rest
+            env.check_values()   # a malformed variable is an error on every other command
         rc = args.func(args)
     except KeyboardInterrupt as exc:
         from .jit.toolchain import kill_running_builds

@@ -1,6 +1,6 @@
 """The one registry of environment variables this package reads.
 
-Every read goes through :func:`get`, :func:`get_int` or :func:`get_flag`; each variable is
+Every read goes through :func:`get`, :func:`get_int`, :func:`get_flag` or :func:`get_words`; each variable is
 declared once below as key-changing (its value enters the JIT cache key, because it changes
 what a build produces) or neutral (it changes where or whether we build, not what).
 ``op_tests/test_env_registry.py`` scans the source tree and fails on any ``os.environ`` /
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from dataclasses import dataclass
 
 
@@ -27,8 +28,8 @@ class EnvVar:
     #: AITER's own knobs, so the same environment means the same thing to both packages.
     lenient: bool = False
     #: What a set value must parse as, checked for every command by :func:`check_values`:
-    #: "flag" (get_flag), "int" / "positive int" (get_int), "seconds" (a number >= 0), or
-    #: "text" (anything).
+    #: "flag" (get_flag), "int" / "positive int" (get_int), "seconds" (a number >= 0), "words"
+    #: (shell words, get_words), or "text" (anything).
     kind: str = "text"
     #: Bounds of an "int" / "positive int" value (inclusive), checked by :func:`get_int`.
     minimum: int | None = None
@@ -75,8 +76,10 @@ _declare("AITER_ENABLE_EXPERIMENTAL", False, "0",
 _declare("CU_NUM", False, None, "AITER's override of the multiprocessor count", kind="positive int",
          maximum=4096)
 # --- what changes the artifact (key-changing) ---
-_declare("AITER_MLA_EXTRA_NVCC_FLAGS", True, "", "extra nvcc flags appended to every build")
-_declare("AITER_MLA_EXTRA_HIP_FLAGS", True, "", "extra hipcc/clang flags appended to every build")
+_declare("AITER_MLA_EXTRA_NVCC_FLAGS", True, "", "extra nvcc flags appended to every build",
+         kind="words")
+_declare("AITER_MLA_EXTRA_HIP_FLAGS", True, "", "extra hipcc/clang flags appended to every build",
+         kind="words")
 _declare("AITER_MLA_LINEINFO", True, "0", "1: build with -lineinfo (profilers)", kind="flag")
 # What the compilers themselves read that changes their output (key-changing: a debug build from
 # NVCC_APPEND_FLAGS=-G must never be served to a plain build).
@@ -194,6 +197,17 @@ def get_flag(name: str) -> bool:
     return get_int(name, 0) != 0
 
 
+def get_words(name: str) -> list[str]:
+    """The variable's value split as a POSIX shell would (``shlex.split``), [] when unset;
+    raises ValueError naming the variable when its quoting is unbalanced."""
+    value = get(name) or ""
+    try:
+        return shlex.split(value)
+    except ValueError as exc:   # "No closing quotation", "No escaped character"
+        raise ValueError(f"environment variable {name} must split into shell words "
+                         f"({exc}), got {value!r}") from None
+
+
 def check_values() -> None:
     """Parses every declared variable that is set by its kind and raises ValueError naming
     the first malformed one (the CLI runs this before every command, so a typo such as
@@ -207,6 +221,8 @@ def check_values() -> None:
             get_int(name)
         elif var.kind == "seconds":
             get_float(name, 0.0, minimum=0.0)
+        elif var.kind == "words":
+            get_words(name)
 
 
 def child_environ(**overrides: str) -> dict[str, str]:
@@ -219,9 +235,7 @@ def child_environ(**overrides: str) -> dict[str, str]:
 
 def _flag_words(value: str) -> str:
     """Extra compiler flags as the compiler gets them (shlex words), so " -DX " and "-DX"
-    share a build; unbalanced quotes stay as written (the build reports them)."""
-    import shlex
-
+    share a build; unbalanced quotes stay as written (get_words reports them)."""
     try:
         return shlex.join(shlex.split(value))
     except ValueError:

@@ -4,6 +4,7 @@ intel-xpu-backend-for-triton #6790 was a Python-only knob missing from the key).
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -91,7 +92,7 @@ def test_cu_num_must_be_a_positive_integer(monkeypatch, value):
 
 
 def test_every_variable_has_a_kind():
-    assert {v.kind for v in env.registry().values()} <= {"flag", "int", "positive int", "seconds", "text"}
+    assert {v.kind for v in env.registry().values()} <= {"flag", "int", "positive int", "seconds", "words", "text"}
 
 
 @pytest.mark.parametrize("name, bad, good", [
@@ -101,17 +102,23 @@ def test_every_variable_has_a_kind():
     # MAX_JOBS, and a CU_NUM that sizes schedule buffers in the billions
     ("AITER_MLA_DISABLE_JIT", "2", "on"), ("AITER_MLA_LINEINFO", "2", "off"), ("MAX_JOBS", "-2", "3"),
     ("CU_NUM", "2000000000", "4096"),
+    # an unbalanced quote surfaced as shlex's "No closing quotation", naming nothing
+    ("AITER_MLA_EXTRA_NVCC_FLAGS", "-DX='a", "-DX='a b'"), ("AITER_MLA_EXTRA_HIP_FLAGS", '"-O3', "-O3"),
 ])
 def test_check_values_names_a_malformed_variable(monkeypatch, capsys, name, bad, good):
     """Every command checks every set variable by its kind first (`aiter-mla info` with
-    AITER_MLA_LOCK_TIMEOUT=-1 used to pass, and the first build failed later)."""
+    AITER_MLA_LOCK_TIMEOUT=-1 used to pass, and the first build failed later); `info` reports
+    it among the rest and exits 1."""
     from aiter_mla.cli import main
 
     monkeypatch.setenv(name, bad)
-    with pytest.raises(ValueError, match=f"{name} must .*{bad!r}"):
+    with pytest.raises(ValueError, match=f"{name} must .*{re.escape(repr(bad))}"):
         env.check_values()
-    assert main(["info", "--json"]) == 1
+    assert main(["jit", "list"]) == 1
     assert name in capsys.readouterr().err
+    assert main(["info", "--json"]) == 1
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert len(problems) == 1 and name in problems[0]
     monkeypatch.setenv(name, good)
     env.check_values()
 
@@ -143,3 +150,14 @@ def test_extra_flags_enter_the_key_by_their_words(monkeypatch):
         monkeypatch.setenv("AITER_MLA_EXTRA_NVCC_FLAGS", value)
         keys.append(env.key_items()["AITER_MLA_EXTRA_NVCC_FLAGS"])
     assert keys[0] == keys[1] != keys[2]
+
+
+def test_extra_flags_split_as_shell_words(monkeypatch):
+    """The compilers get the flags variables' shell words; quoting keeps a spaced value whole."""
+    monkeypatch.setenv("AITER_MLA_EXTRA_NVCC_FLAGS", "-Xptxas -v  -DMSG='a b'")
+    assert env.get_words("AITER_MLA_EXTRA_NVCC_FLAGS") == ["-Xptxas", "-v", "-DMSG=a b"]
+    monkeypatch.delenv("AITER_MLA_EXTRA_NVCC_FLAGS")
+    assert env.get_words("AITER_MLA_EXTRA_NVCC_FLAGS") == []
+    monkeypatch.setenv("AITER_MLA_EXTRA_NVCC_FLAGS", "-DMSG='a b")
+    with pytest.raises(ValueError, match="AITER_MLA_EXTRA_NVCC_FLAGS must split into shell words"):
+        env.get_words("AITER_MLA_EXTRA_NVCC_FLAGS")

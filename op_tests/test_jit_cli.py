@@ -180,6 +180,25 @@ def test_info_text_and_json(fake_jit, capsys):
     assert info["env"]["AITER_MLA_LINEINFO"]["key_changing"] is True
 
 
+def test_info_reports_a_broken_config_among_the_rest(fake_jit, capsys, monkeypatch, tmp_path):
+    """`info` is the diagnostic: a config without modules used to abort it with one line and
+    none of the versions, toolchains or env (fresh-user report); now it shows them, then the
+    problem, and exits 1."""
+    bad = tmp_path / "empty.json"
+    bad.write_text("{}")
+    monkeypatch.setenv("AITER_MLA_CONFIG", str(bad))
+    assert main(["info"]) == 1
+    out = capsys.readouterr().out
+    for needle in ("versions: aiter_mla", "toolchains:", "sm_90a", "cache:", "config: not loaded",
+                   "k AITER_MLA_EXTRA_NVCC_FLAGS"):
+        assert needle in out
+    assert out.rstrip().splitlines()[-1] == "problem: jit config: <root>.modules: missing (required)"
+    assert main(["info", "--json"]) == 1
+    info = json.loads(capsys.readouterr().out)
+    assert info["config"] is None and info["third_party"] == {}
+    assert info["problems"] == ["jit config: <root>.modules: missing (required)"]
+
+
 def test_module_entry_point_exit_code(fake_jit):
     ok = subprocess.run([sys.executable, "-m", "aiter_mla", "jit", "list"], env=fake_jit.env,
                         capture_output=True, text=True)
@@ -396,5 +415,17 @@ def test_missing_cache_dir_is_named_by_commands_that_read_it(tmp_path, capsys, a
 
     missing = tmp_path / "typo"
     assert main(["jit", *argv, "--cache-dir", str(missing)]) == 0   # nothing to list or remove
-    assert f"no cache folder at --cache-dir {str(missing)!r}" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert err == f"aiter-mla jit: no cache folder at --cache-dir {str(missing)!r}\n"
+    assert "removed" not in out   # not "removed 0 entries" from a folder that is not there
     assert not missing.exists()
+    # under a file it can never exist: a usage error naming the file, not that note and then
+    # an errno (fresh-user report), for every command that takes --cache-dir
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    for cmd in (argv, ["build", "convert_fp8"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["jit", *cmd, "--cache-dir", str(f / "c")])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"which cannot be one ({f} exists and is not a folder)" in err and "Errno" not in err

@@ -18,6 +18,7 @@ import pytest
 
 from aiter_mla import cli
 from aiter_mla.jit import core
+from aiter_mla.jit.cache import CacheNotWritableError
 from conftest import _JIT_VARS, FAKE_TEMPLATE, REPO, run_read_only, tree_snapshot
 
 P1 = dict(arch="sm_90a", n=1, flavor="a")
@@ -195,17 +196,36 @@ def test_from_file_usage_errors(fake_jit, tmp_path, capsys, argv, needle):
     assert fake_jit.started() == 0
 
 
+def test_from_file_line_without_its_closing_parenthesis(fake_jit, tmp_path, capsys):
+    """The MODULE(K=V, ...) form cut short read as an unknown module 'fake(arch=sm_90a,'."""
+    lst = tmp_path / "v.txt"
+    lst.write_text("fake(arch=sm_90a, n=1, flavor=a\n")
+    assert cli.main(["jit", "build", "--from-file", str(lst)]) == 2
+    assert capsys.readouterr().err == (f"aiter-mla jit: error: {lst}:1: expected MODULE(K=V, ...) with a "
+                                       "closing ')', got 'fake(arch=sm_90a, n=1, flavor=a'\n")
+    assert fake_jit.started() == 0
+
+
 def test_blank_cache_dir_is_refused_and_an_unwritable_one_is_named_as_the_flag(fake_jit, tmp_path, capsys):
     with pytest.raises(SystemExit) as ei:
         cli.main(["jit", "build", "--all", "--cache-dir", " "])
     assert ei.value.code == 2 and "argument --cache-dir: expected a folder path, got ' '" in capsys.readouterr().err
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    assert cli.main(["jit", "build", "fake", "--param", "n=1", "--cache-dir", str(blocker / "cache")]) == 1
-    err = capsys.readouterr().err
-    assert f"JIT cache root {blocker / 'cache'} is not writable" in err
-    assert "--cache-dir points at it): set --cache-dir to a writable folder" in err
-    assert core._get_state().cache.root == fake_jit.root   # restored after the failed command
+    # under a file the folder can never be made: a usage error naming the file (it was a build
+    # failure, and gc / clear printed "no cache folder" and then an errno)
+    with pytest.raises(SystemExit) as ei:
+        cli.main(["jit", "build", "fake", "--param", "n=1", "--cache-dir", str(blocker / "cache")])
+    assert ei.value.code == 2
+    assert f"which cannot be one ({blocker} exists and is not a folder)" in capsys.readouterr().err
+    # past the command line (a folder that turns into a file's child before the build): the
+    # build names the flag that chose the root
+    with core.using_cache_root(blocker / "cache"):
+        with pytest.raises(CacheNotWritableError) as ei:
+            core.build_variant("fake", arch="sm_90a", n=1, flavor="a")
+    assert f"JIT cache root {blocker / 'cache'} is not writable" in str(ei.value)
+    assert "--cache-dir points at it): set --cache-dir to a writable folder" in str(ei.value)
+    assert core._get_state().cache.root == fake_jit.root   # restored after the failed build
 
 
 def test_list_variants_round_trips_through_from_file(fake_jit, tmp_path, capsys):

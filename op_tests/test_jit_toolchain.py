@@ -226,6 +226,12 @@ def test_missing_amd_toolchain_says_what_to_install(jit_clean, monkeypatch, tmp_
         find_compiler("gfx942", None)
     msg = str(ei.value)
     assert "ROCm" in msg and "clang-19" in msg and "AITER_MLA_CLANG" in msg
+    # gfx950: clang-19 cannot build it, so the hint names clang 20+ (it named clang-19 for both)
+    with pytest.raises(ToolchainError) as ei:
+        find_compiler("gfx950", None)
+    msg = str(ei.value)
+    assert "ROCm" in msg and "clang 20 or newer" in msg and "AITER_MLA_CLANG" in msg
+    assert "clang-19" not in msg
 
 
 def test_failed_compile_carries_stderr_params_and_source(fake_jit, monkeypatch):

@@ -19,6 +19,7 @@ import ctypes
 import hashlib
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -647,8 +648,12 @@ def test_op_argument_checks(monkeypatch):
 
 def test_default_kv_granularity():
     assert [md.default_kv_granularity(p) for p in PAGE_SIZES] == [64, 32, 16, 8, 4, 2, 1, 1, 1]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="page_size must be a power of two >= 1, got 48"):
         md.default_kv_granularity(48)
+    assert md.default_kv_granularity(torch.tensor(16)) == 4   # a one-element integer tensor
+    for bad in ("64", 64.0, True, None):   # bare "'<' not supported" / "unsupported operand" before
+        with pytest.raises(TypeError, match=f"page_size must be an int, got {re.escape(repr(bad))}"):
+            md.default_kv_granularity(bad)
 
 
 def test_metadata_cli_dump(capsys):

@@ -328,6 +328,12 @@ def test_variant_selection():
     for bad in (True, 40.0, "40"):
         with pytest.raises(TypeError, match="num_heads must be an int"):
             dec.is_supported_shape(bad, 1)
+    # tensors: one integer element is an int; a float or many-element one named the argument
+    # nowhere (torch's own "only integer tensors of a single element", fresh-user report)
+    assert dec.is_supported_shape(torch.tensor(16), torch.tensor(2))
+    for bad in (torch.tensor(1.5), torch.tensor([1, 2])):
+        with pytest.raises(TypeError, match="max_seqlen_q must be an int, got tensor"):
+            dec.is_supported_shape(16, bad)
     with pytest.raises(ValueError, match="dtype must be one of"):
         dec.mainloop_for("fp16", 64)
     for rows in (0, -1, arch.MAX_ROWS + 1):   # no main loop runs these (fresh-user report)

@@ -255,7 +255,8 @@ def compile_only(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     results = build_variants(variants, args.jobs, progress=not args.no_progress)
     print(format_build_table(results))
-    print(f"{len(results)} variants in {time.perf_counter() - t0:.1f} s wall ({args.jobs} jobs)")
+    print(f"{len(results)} variants in {time.perf_counter() - t0:.1f} s wall "
+          f"({args.jobs} job{'' if args.jobs == 1 else 's'})")
     return 1 if _report_build_failures(results) else 0
 
 

@@ -268,7 +268,7 @@ class Cache:
         d = self.entry_dir(key)
         try:
             meta = json.loads((d / META).read_text())
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):   # the latter: a file on the root's path
             # entries are published whole (one rename of a staging folder with meta.json in it),
             # so an entry folder without meta.json is damage, not a build in progress
             return Corrupt(key, d, "meta.json missing") if d.is_dir() else None

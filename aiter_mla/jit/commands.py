@@ -110,6 +110,10 @@ def _cache_dir(text: str) -> str:
         raise argparse.ArgumentTypeError(f"expected a folder path, got {text!r}")
     if os.path.exists(text) and not os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"expected a folder, got {text!r}, which is not one")
+    reason = unmakeable_folder_reason(text)
+    if reason is not None and reason.endswith("is not a folder"):   # a file on the way to it
+        raise argparse.ArgumentTypeError(f"expected a folder path, got {text!r}, which cannot be one "
+                                         f"({reason})")
     return text
 
 
@@ -127,6 +131,8 @@ def _cache_dir_option(cmd):
         if cmd.__name__ in _READS_CACHE and not os.path.isdir(args.cache_dir):
             print(f"aiter-mla jit: no cache folder at --cache-dir {args.cache_dir!r}",
                   file=sys.stderr)
+            if cmd.__name__ != "cmd_list":   # clear / gc: nothing to remove (not "removed 0")
+                return 0
         with core.using_cache_root(args.cache_dir):
             return cmd(args)
     return run
@@ -193,6 +199,8 @@ def _parse_variant_line(line: str, cfg) -> tuple[str, dict] | None:
         name, items, rest = tokens[0], [], iter(tokens[1:])
         if name.startswith("-"):
             raise ParamError(f"expected a MODULE name first, got {name!r}")
+        if "(" in name:   # the MODULE(K=V, ...) form without its ")"
+            raise ParamError(f"expected MODULE(K=V, ...) with a closing ')', got {line.strip()!r}")
         for tok in rest:   # K=V, or --param K=V / --param=K=V as on the command line
             if tok == "--param":
                 tok = next(rest, None)
@@ -639,7 +647,18 @@ def _root_summary(cache) -> dict:
 
 
 def cmd_info(args) -> int:
-    cfg = load_config()
+    # A diagnostic: a bad config or variable is reported among the rest (exit 1), not instead
+    # of it (the CLI skips its own variable check for this command).
+    problems = []
+    try:
+        env.check_values()
+    except ValueError as exc:
+        problems.append(str(exc))
+    try:
+        cfg = load_config()
+    except (OSError, ValueError) as exc:
+        cfg = None
+        problems.append(str(exc) if str(exc).startswith("jit config") else f"jit config: {exc}")
     st = core._get_state()
     toolchains = {}
     for arch in ARCHS:
@@ -647,10 +666,10 @@ def cmd_info(args) -> int:
             c = find_compiler(arch, None)   # probed afresh: info writes nothing into the cache
             toolchains[arch] = {"kind": c.kind, "path": c.path, "loadable": c.loadable,
                                 "version": _version_line(c.version)}
-        except ToolchainError as exc:
+        except (ToolchainError, ValueError) as exc:
             toolchains[arch] = {"error": str(exc)}
     pins = {}
-    for name, pin in cfg.third_party.items():
+    for name, pin in (cfg.third_party.items() if cfg is not None else ()):
         entry = {"url": pin.url, "commit": pin.commit}
         try:
             co = third_party.resolve(pin, st.cache, allow_fetch=False)
@@ -675,16 +694,17 @@ def cmd_info(args) -> int:
         "toolchains": toolchains,
         "gpu": _gpu(),
         "cache": {**cache, "note": cache_note, "also_read": [_root_summary(o) for o in st.caches[1:]]},
-        "config": str(cfg.path), "templates": str(templates_dir()),
+        "config": str(cfg.path) if cfg is not None else None, "templates": str(templates_dir()),
         "experimental_enabled": is_experimental_enabled(),
         "third_party": pins,
         "env": {n: {"value": env.get(n), "set": env.is_set(n),
                     "key_changing": v.key_changing, "doc": v.doc}
                 for n, v in sorted(env.registry().items())},
+        "problems": problems,
     }
     if args.json:
         print(json.dumps(info, indent=1))
-        return 0
+        return 1 if problems else 0
     v = info["versions"]
     print("versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
     print("toolchains:")
@@ -709,7 +729,7 @@ def cmd_info(args) -> int:
         state = other["error"] or f"{other['entries']} entries, {other['total_bytes']} bytes"
         print(f"cache: {other['root']} (per-user fallback, also read by lookups), {state}")
     tdir = "" if Path(info["templates"]).is_dir() else " (MISSING: no such folder)"
-    print(f"config: {info['config']}; templates: {info['templates']}{tdir}; experimental: "
+    print(f"config: {info['config'] or 'not loaded (see problems)'}; templates: {info['templates']}{tdir}; experimental: "
           f"{'on' if info['experimental_enabled'] else 'off'}")
     for name, p in pins.items():
         where = p.get("path") or p.get("detail")
@@ -719,4 +739,6 @@ def cmd_info(args) -> int:
         mark = "k" if e["key_changing"] else " "
         val = e["value"] if e["set"] else f"(unset; default {e['value']!r})"
         print(f"  {mark} {n}={val}")
-    return 0
+    for problem in problems:
+        print(f"problem: {problem}")
+    return 1 if problems else 0

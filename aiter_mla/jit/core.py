@@ -477,7 +477,8 @@ def get_module(name: str, **params: Any) -> Module:
     ParamError (missing/unknown/disallowed parameter, listing the allowed values),
     ToolchainError, RenderError, BuildError (with the compiler's output), JitDisabledError,
     CompileOnlyError (an AMD arch built by the clang compile check), CacheNotWritableError,
-    LockTimeoutError, ModuleLoadError.
+    LockTimeoutError, ModuleLoadError, and ValueError naming a malformed variable of
+    :mod:`aiter_mla.env` (``AITER_MLA_EXTRA_NVCC_FLAGS`` with an unbalanced quote, say).
     """
     try:
         return _memo[(name, tuple(sorted(params.items())))]

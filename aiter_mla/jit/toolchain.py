@@ -125,10 +125,10 @@ class Compiler:
     def env_flags(self) -> list[str]:
         """Flags that come from key-changing env vars (see :data:`KEY_ENV`)."""
         if self.kind == "nvcc":
-            extra = shlex.split(env.get("AITER_MLA_EXTRA_NVCC_FLAGS") or "")
+            extra = env.get_words("AITER_MLA_EXTRA_NVCC_FLAGS")
             lineinfo = ["-lineinfo"]
         else:
-            extra = shlex.split(env.get("AITER_MLA_EXTRA_HIP_FLAGS") or "")
+            extra = env.get_words("AITER_MLA_EXTRA_HIP_FLAGS")
             lineinfo = ["-gline-tables-only"]
         return (lineinfo if env.get_flag("AITER_MLA_LINEINFO") else []) + extra
 
@@ -265,11 +265,14 @@ def find_compiler(arch: str, identity_dir: Path | None) -> Compiler:
         return Compiler("hipcc", hipcc, _probe(hipcc, identity_dir, "AITER_MLA_HIPCC or ROCM_PATH"))
     clang = _find_clang()
     if clang is None:
+        # gfx950 is in LLVM from clang 20: Debian's clang-19 would not build it
+        check = ("Debian's clang-19 and lld-19 (apt-get install clang-19 lld-19; or set "
+                 "AITER_MLA_CLANG) for the compile-only check" if arch == "gfx942" else
+                 "clang 20 or newer with lld (set AITER_MLA_CLANG; the README's 'To compile "
+                 "gfx950 here' uses the ziglang package's clang 22) for the compile-only check")
         raise ToolchainError(
             f"no AMD toolchain for {arch}: install ROCm (hipcc; set ROCM_PATH or AITER_MLA_HIPCC) "
-            f"to build loadable modules, or Debian's clang-19 and lld-19 "
-            f"(apt-get install clang-19 lld-19; or set AITER_MLA_CLANG) for the gfx942 "
-            f"compile-only check"
+            f"to build loadable modules, or {check}"
         )
     version = _probe(clang, identity_dir, "AITER_MLA_CLANG to clang 19 or newer")
     major = clang_major(version)

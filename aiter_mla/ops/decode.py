@@ -150,10 +150,14 @@ def _supported_text() -> str:
 
 
 def _require_int(name: str, value) -> int:
-    """``value`` as an int; bools, floats, strings and None are refused (TypeError naming it)."""
+    """``value`` as an int; bools, floats, strings, None and tensors that are not one integer
+    element are refused (TypeError naming it)."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    return operator.index(value)
+    try:
+        return operator.index(value)
+    except TypeError:   # a float or many-element tensor has __index__ but refuses it
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})") from None
 
 
 def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: torch.dtype,
@@ -641,7 +645,8 @@ def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, k
     when the launch fails or a never-launched variant is first used inside CUDA-graph capture,
     and the JIT errors of :func:`aiter_mla.jit.get_module` on a variant's first use in a process
     (all RuntimeError subclasses: ToolchainError, BuildError, CacheNotWritableError,
-    LockTimeoutError, JitDisabledError, ModuleLoadError).
+    LockTimeoutError, JitDisabledError, ModuleLoadError; a malformed
+    ``AITER_MLA_*`` variable is a ValueError naming it).
 
     Source: AITER #3072 ``hk_mla_decode_fwd`` (``csrc/kernels/mla/hk_decode_fwd.cu``),
     docs/DESIGN.md §5.7-§5.9 and §5.11, plus the fixes of
@@ -748,7 +753,8 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     or reduce) fails or a variant is first used inside CUDA-graph capture, and the
     JIT errors of :func:`aiter_mla.jit.get_module` on a variant's first use in a process (all
     RuntimeError subclasses: ToolchainError, BuildError, CacheNotWritableError,
-    LockTimeoutError, JitDisabledError, ModuleLoadError).
+    LockTimeoutError, JitDisabledError, ModuleLoadError; a malformed
+    ``AITER_MLA_*`` variable is a ValueError naming it).
 
     Source: AITER #3072 ``aiter/mla.py`` ``mla_decode_fwd`` (docs/DESIGN.md §5.1, steps C-E; no
     head folding: every supported shape runs natively, which avoids the (64,2) fold mismatch,
