@@ -127,28 +127,40 @@ __device__ __forceinline__ void qk_tile(float (&s)[C::kSTiles][4], const uint8_t
   wg::fence_operands(s);
 }
 
-// O^T[m-block MB] *= f (when `rescale`), then its four PV wgmmas: V_a^T . P_a^T and V_b^T . P_b^T
-// (P buffers 0 and 1). The next m-block's multiplies touch other registers, so they run while
-// this block's wgmmas compute (a wgmma.fence orders them before the next issue).
-template <class C, int MB>
-__device__ __forceinline__ void pv_pair_blocks(float (&o)[C::kOTiles][4], const uint32_t (&fa)[C::kMBlocks][C::BN / 32][4],
-                                               const uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], const float2 (&f)[8],
-                                               bool rescale, uint32_t p_a, uint32_t p_b) {
+// Per m-block MB: this warp's V^T fragments of MB for tiles a and b (after the last, both stages
+// are released), O^T[MB] *= f (when `rescale`), then its four PV wgmmas: V_a^T . P_a^T and
+// V_b^T . P_b^T (P buffers 0 and 1). Block MB + 1's fragment loads and multiplies touch other
+// registers, so they run while MB's wgmmas compute (a wgmma.fence orders them before the next
+// issue): the 32 KB of ldmatrix a pair no longer idle the tensor cores before the first PV.
+// Tail: some key of tile a or b is past the work's end (transposed_pv::load_vt_frags).
+template <class C, bool Tail, int MB>
+__device__ __forceinline__ void pv_pair_blocks(float (&o)[C::kOTiles][4], uint32_t (&fa)[C::kMBlocks][C::BN / 32][4],
+                                               uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], const uint8_t* smem,
+                                               uint32_t bar_empty, StageUse su_a, StageUse su_b, int half, int group,
+                                               int lane, int valid_a, int valid_b, const float2 (&f)[8], bool rescale,
+                                               uint32_t p_a, uint32_t p_b) {
   if constexpr (MB < C::kMBlocks) {
+    transposed_pv::load_vt_frags_impl<C, Tail, MB, MB + 1>(fa, smem, su_a.stage, half, group, lane, valid_a);
+    transposed_pv::load_vt_frags_impl<C, Tail, MB, MB + 1>(fb, smem, su_b.stage, half, group, lane, valid_b);
+    if constexpr (MB + 1 == C::kMBlocks) {
+      wg::mbar_arrive(bar_empty + su_a.stage * 8);
+      wg::mbar_arrive(bar_empty + su_b.stage * 8);
+    }
     if (rescale) transposed_pv::scale_mblock(o, MB, f);
     wg::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::BN / 32; ++kk) transposed_pv::wgmma_pv_t<MB>(o, fa[MB][kk], wg::make_desc(p_a + kk * 256, 128, 512));
 #pragma unroll
     for (int kk = 0; kk < C::BN / 32; ++kk) transposed_pv::wgmma_pv_t<MB>(o, fb[MB][kk], wg::make_desc(p_b + kk * 256, 128, 512));
-    pv_pair_blocks<C, MB + 1>(o, fa, fb, f, rescale, p_a, p_b);
+    pv_pair_blocks<C, Tail, MB + 1>(o, fa, fb, smem, bar_empty, su_a, su_b, half, group, lane, valid_a, valid_b, f,
+                                    rescale, p_a, p_b);
   }
 }
 
-// PV of both tiles of a pair, issued as one commit group and not waited: the V^T fragments of
-// tiles a and b (both stages released once read), O^T's factors of the pair, then per m-block
-// the rescale and four wgmmas. Both fragment sets stay live until the group is waited (64
-// registers beside O^T's 128; S and the QK accumulators are dead here).
+// PV of both tiles of a pair, issued as one commit group and not waited: O^T's factors of the
+// pair, then per m-block the V^T fragments of tiles a and b, the rescale and four wgmmas (both
+// stages released after the last block's fragments). The fragments stay live until the group is
+// waited (64 registers beside O^T's 128; S and the QK accumulators are dead here).
 template <class C>
 __device__ __forceinline__ void pv_pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C::kMBlocks][C::BN / 32][4],
                                         uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], uint8_t* smem, uint32_t bar_full,
@@ -156,16 +168,16 @@ __device__ __forceinline__ void pv_pair(float (&o)[C::kOTiles][4], uint32_t (&fa
                                         int lane, int valid_a, int valid_b) {
   wg::mbar_wait(bar_full + su_a.stage * 8, su_a.parity);
   wg::mbar_wait(bar_full + su_b.stage * 8, su_b.parity);
-  wg::fence_operands(o);
-  transposed_pv::load_vt_frags<C>(fa, smem, su_a.stage, half, group, lane, valid_a);
-  transposed_pv::load_vt_frags<C>(fb, smem, su_b.stage, half, group, lane, valid_b);
-  wg::mbar_arrive(bar_empty + su_a.stage * 8);
-  wg::mbar_arrive(bar_empty + su_b.stage * 8);
   float2 f[8];
   const bool rescale = transposed_pv::load_factors<C>(f, smem, 0, lane);   // row_factor(0) is transposed_pv's scale[0]
   const uint32_t p_a = smem_addr(smem + C::kOffP), p_b = p_a + C::kPBytes;
+  // Only tile b can end before the work does (a pair's tile a is full). Its keys past the end are
+  // zeroed in the stage instead of masked in the loads: no branch between the blocks' wgmmas
+  // (a branch around them serialised every wgmma, C7520).
+  if (valid_b < C::BN) transposed_pv::zero_tail_rows<C>(smem, su_b.stage, half, group, lane, valid_b);
   wg::fence_operands(o);
-  pv_pair_blocks<C, 0>(o, fa, fb, f, rescale, p_a, p_b);
+  pv_pair_blocks<C, false, 0>(o, fa, fb, smem, bar_empty, su_a, su_b, half, group, lane, valid_a, valid_b, f,
+                              rescale, p_a, p_b);
   wg::wgmma_commit();
   wg::fence_operands(o);
 }

@@ -42,10 +42,11 @@ __device__ __forceinline__ int p_offset(int row, int pos) {
 __device__ __forceinline__ int p_row(int r0, int key0) { return p_offset(r0, p_pos(key0)); }
 __device__ __forceinline__ constexpr int p_step(int j) { return (j >> 1) * 128 + (j & 1) * 2; }
 
-// This warp's A fragments of PV for the tile in `stage`: a[mb][kk] for m-block mb, k32 step kk.
+// This warp's A fragments of PV for the tile in `stage`: a[mb][kk] for m-block mb in [MB0, MB1),
+// k32 step kk.
 // Keys at or past `valid` (tile tail: not loaded, or a TMA box's rows past the work's end,
 // possibly NaN) become 0 so that P = 0 never meets them.
-template <class C, bool Tail>
+template <class C, bool Tail, int MB0 = 0, int MB1 = C::kMBlocks>
 __device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C::BN / 32][4], const uint8_t* smem,
                                                    int stage, int half, int warp_in_wg, int lane, int valid) {
   const int m = lane >> 3, i = lane & 7, r = lane & 3;
@@ -59,7 +60,7 @@ __device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C:
     src += m * C::kGroupBytes + i * 16;   // row 8m + i of the step: group m, row i
   }
 #pragma unroll
-  for (int mb = 0; mb < C::kMBlocks; ++mb) {
+  for (int mb = MB0; mb < MB1; ++mb) {
     const int x = 16 * half + 4 * mb + warp_in_wg;   // 16-column chunk of V
 #pragma unroll
     for (int kk = 0; kk < C::BN / 32; ++kk) {
@@ -83,6 +84,29 @@ __device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C:
       a[mb][kk][3] = fp8::prmt(d[2], d[3], 0x7531);
     }
   }
+}
+
+// Zeroes this warp's V columns (the 16-column chunks load_vt_frags reads for every m-block) of
+// the tile's keys at or past `valid`, in the stage, so that the Tail = false loads see 0 there
+// (P = 0 must never meet a NaN). Only this warp reads those bytes (the other warps' chunks and
+// the other warpgroup's columns are elsewhere; both QKs of the stage are done), so a __syncwarp
+// orders them before its loads; the proxy fence orders them before the stage's next TMA refill.
+template <class C>
+__device__ __forceinline__ void zero_tail_rows(uint8_t* smem, int stage, int half, int warp_in_wg, int lane, int valid) {
+  uint8_t* base = smem + C::kOffKv + stage * C::kStageBytes;
+  for (int idx = (valid > 0 ? valid : 0) * C::kMBlocks + lane; idx < C::BN * C::kMBlocks; idx += 32) {
+    const int r = idx / C::kMBlocks, mb = idx % C::kMBlocks;
+    const int x = 16 * half + 4 * mb + warp_in_wg;   // 16-column chunk of V
+    int off;
+    if constexpr (C::kSw64) {
+      off = (x >> 2) * (C::BN * 64) + r * 64 + (((x & 3) ^ ((r >> 1) & 3)) << 4);
+    } else {
+      off = (r >> 3) * C::kGroupBytes + (r & 7) * 16 + x * 128;
+    }
+    *reinterpret_cast<uint4*>(base + off) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  __syncwarp();
+  wg::fence_proxy_async();
 }
 
 // Tail = false (every key of the tile valid): no mask code between the ldmatrix, which then
