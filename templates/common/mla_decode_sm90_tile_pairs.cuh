@@ -132,16 +132,16 @@ __device__ __forceinline__ void qk_tile(float (&s)[C::kSTiles][4], const uint8_t
 // V_b^T . P_b^T (P buffers 0 and 1). Block MB + 1's fragment loads and multiplies touch other
 // registers, so they run while MB's wgmmas compute (a wgmma.fence orders them before the next
 // issue): the 32 KB of ldmatrix a pair no longer idle the tensor cores before the first PV.
-// Tail: some key of tile a or b is past the work's end (transposed_pv::load_vt_frags).
-template <class C, bool Tail, int MB>
+template <class C, int MB>
 __device__ __forceinline__ void pv_pair_blocks(float (&o)[C::kOTiles][4], uint32_t (&fa)[C::kMBlocks][C::BN / 32][4],
                                                uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], const uint8_t* smem,
                                                uint32_t bar_empty, StageUse su_a, StageUse su_b, int half, int group,
-                                               int lane, int valid_a, int valid_b, const float2 (&f)[8], bool rescale,
-                                               uint32_t p_a, uint32_t p_b) {
+                                               int lane, const float2 (&f)[8], bool rescale, uint32_t p_a,
+                                               uint32_t p_b) {
   if constexpr (MB < C::kMBlocks) {
-    transposed_pv::load_vt_frags_impl<C, Tail, MB, MB + 1>(fa, smem, su_a.stage, half, group, lane, valid_a);
-    transposed_pv::load_vt_frags_impl<C, Tail, MB, MB + 1>(fb, smem, su_b.stage, half, group, lane, valid_b);
+    // every key valid or zeroed (pv_pair): the loads without mask code
+    transposed_pv::load_vt_frags_impl<C, false, MB, MB + 1>(fa, smem, su_a.stage, half, group, lane, C::BN);
+    transposed_pv::load_vt_frags_impl<C, false, MB, MB + 1>(fb, smem, su_b.stage, half, group, lane, C::BN);
     if constexpr (MB + 1 == C::kMBlocks) {
       wg::mbar_arrive(bar_empty + su_a.stage * 8);
       wg::mbar_arrive(bar_empty + su_b.stage * 8);
@@ -152,8 +152,7 @@ __device__ __forceinline__ void pv_pair_blocks(float (&o)[C::kOTiles][4], uint32
     for (int kk = 0; kk < C::BN / 32; ++kk) transposed_pv::wgmma_pv_t<MB>(o, fa[MB][kk], wg::make_desc(p_a + kk * 256, 128, 512));
 #pragma unroll
     for (int kk = 0; kk < C::BN / 32; ++kk) transposed_pv::wgmma_pv_t<MB>(o, fb[MB][kk], wg::make_desc(p_b + kk * 256, 128, 512));
-    pv_pair_blocks<C, Tail, MB + 1>(o, fa, fb, smem, bar_empty, su_a, su_b, half, group, lane, valid_a, valid_b, f,
-                                    rescale, p_a, p_b);
+    pv_pair_blocks<C, MB + 1>(o, fa, fb, smem, bar_empty, su_a, su_b, half, group, lane, f, rescale, p_a, p_b);
   }
 }
 
@@ -165,7 +164,7 @@ template <class C>
 __device__ __forceinline__ void pv_pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C::kMBlocks][C::BN / 32][4],
                                         uint32_t (&fb)[C::kMBlocks][C::BN / 32][4], uint8_t* smem, uint32_t bar_full,
                                         uint32_t bar_empty, StageUse su_a, StageUse su_b, int half, int group,
-                                        int lane, int valid_a, int valid_b) {
+                                        int lane, int valid_b) {
   wg::mbar_wait(bar_full + su_a.stage * 8, su_a.parity);
   wg::mbar_wait(bar_full + su_b.stage * 8, su_b.parity);
   float2 f[8];
@@ -176,8 +175,7 @@ __device__ __forceinline__ void pv_pair(float (&o)[C::kOTiles][4], uint32_t (&fa
   // (a branch around them serialised every wgmma, C7520).
   if (valid_b < C::BN) transposed_pv::zero_tail_rows<C>(smem, su_b.stage, half, group, lane, valid_b);
   wg::fence_operands(o);
-  pv_pair_blocks<C, false, 0>(o, fa, fb, smem, bar_empty, su_a, su_b, half, group, lane, valid_a, valid_b, f,
-                              rescale, p_a, p_b);
+  pv_pair_blocks<C, 0>(o, fa, fb, smem, bar_empty, su_a, su_b, half, group, lane, f, rescale, p_a, p_b);
   wg::wgmma_commit();
   wg::fence_operands(o);
 }
@@ -235,7 +233,7 @@ __device__ __forceinline__ void pair(float (&o)[C::kOTiles][4], uint32_t (&fa)[C
   wg::fence_proxy_async();   // P_a, P_b -> the PV wgmmas' B operand
   wg::consumer_sync();       // P_a, P_b and O's factors written
   AITER_MLA_STAMP(kSoftmax);
-  pv_pair<C>(o, fa, fb, smem, bar_full, bar_empty, su_a, su_b, half, group, lane, valid_a, valid_b);
+  pv_pair<C>(o, fa, fb, smem, bar_full, bar_empty, su_a, su_b, half, group, lane, valid_b);
   pv_wait<C>(o, fa);
 #pragma unroll
   for (int mb = 0; mb < C::kMBlocks; ++mb) wg::fence_operands(fb[mb]);
