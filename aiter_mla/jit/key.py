@@ -118,7 +118,7 @@ def base_inputs(*, module: str, params: dict, template: str, compiler: Compiler,
 def lookup_id(inputs: dict, templates_tree: str) -> str:
     """Id of the index record that maps these inputs to a key (see module doc). Besides the
     templates folder it hashes what else reaches the rendered source: the Jinja globals
-    (``render.template_globals``: the work-record indices and WHOLE_BATCH_SLACK of work_info.py) and
+    (``render.template_globals``: work_info.py's shared constants and WHOLE_BATCH_SLACK) and
     the arch list that decides ``arch_family``; without them a warm hit loaded a library
     rendered with an old value. (The key itself hashes the rendered source.)"""
     from ..arch import NVIDIA_ARCHS

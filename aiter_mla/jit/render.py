@@ -2,9 +2,11 @@
 but the variant does not define is an error, never an empty string).
 
 What a template sees: its module's parameters (``arch``, ``block_m``, ...), ``module`` (the
-module name), ``arch_family`` (``"nvidia"`` or ``"amd"``), the work-record indices
-``WI_*`` / ``WORK_INFO_INTS`` and the scheduler's ``WHOLE_BATCH_SLACK``, all from
-:mod:`aiter_mla.work_info` (:func:`template_globals`).
+module name), ``arch_family`` (``"nvidia"`` or ``"amd"``), and the constants the host and
+the kernels share (:func:`template_globals`: the work-record indices ``WI_*`` /
+``WORK_INFO_INTS``, the error codes ``ERR_*``, the error record's shape, the ``LAUNCH_*``
+return codes, ``FUSED_MERGE_MAX_PIECES`` and the scheduler's ``WHOLE_BATCH_SLACK``), all from
+:mod:`aiter_mla.work_info`.
 """
 from __future__ import annotations
 
@@ -42,9 +44,10 @@ _environments: dict[str, Any] = {}
 
 
 def template_globals() -> dict[str, int]:
-    """Constants every template sees (Jinja globals): the work record's ``WI_*`` field indices
-    and ``WORK_INFO_INTS``, and the scheduler's ``WHOLE_BATCH_SLACK``, all from
-    :mod:`aiter_mla.work_info`, so the kernels and the Python reference share one definition.
+    """Constants every template sees (Jinja globals): ``work_info.template_constants`` (the work
+    record's ``WI_*`` field indices and ``WORK_INFO_INTS``, ``ERR_*``, ``ERROR_SLOTS``,
+    ``ERROR_SLOT_WORDS``, ``LAUNCH_*``, ``FUSED_MERGE_MAX_PIECES``) and the scheduler's
+    ``WHOLE_BATCH_SLACK``, so the kernels and the Python side share one definition.
     Raises nothing."""
     consts = work_info.template_constants()
     consts["WHOLE_BATCH_SLACK"] = work_info.WHOLE_BATCH_SLACK
@@ -104,7 +107,8 @@ def render(module: ModuleConfig, params: dict[str, Any], tdir: Path) -> Rendered
         raise RenderError(
             f"module {module.name!r} variant {describe(module.name, params)}: template "
             f"{template_path} uses an undefined name: {exc.message} "
-            f"(defined: {', '.join(sorted(context))} and the WI_* constants)"
+            f"(defined: {', '.join(sorted(context))} and the shared constants of "
+            f"aiter_mla.work_info: WI_*, ERR_*, LAUNCH_*, ...)"
         ) from None
     except jinja2.TemplateError as exc:
         where = f"{getattr(exc, 'filename', None) or template_path}:{getattr(exc, 'lineno', '?')}"

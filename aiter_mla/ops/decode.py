@@ -705,9 +705,10 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
                    final_lse=None):
     """MLA decode attention, AITER's public entry (``aiter.mla.mla_decode_fwd``, persistent mode).
 
-    Writes ``o`` in place. When ``work_meta_data`` is None the schedule is planned here
-    (``get_mla_metadata_info_v1`` + ``get_mla_metadata_v1`` with
-    ``kv_granularity = default_kv_granularity(page_size)``); otherwise the given schedule
+    Writes ``o`` in place. When ``work_meta_data`` is None the schedule is planned here, the
+    one ``get_mla_metadata_info_v1`` + ``get_mla_metadata_v1`` would plan with
+    ``kv_granularity = default_kv_granularity(page_size)`` (through their private helpers,
+    ``metadata._buffer_specs`` and ``metadata._fill_schedule``, into buffers cached per shape); otherwise the given schedule
     (``work_indptr``, ``work_info_set``, ``reduce_*``) is used. Then the decode kernel runs and
     the split rows are merged (docs/DESIGN.md §5.10): with a caller-made plan whose tiles have at
     most ``work_info.FUSED_MERGE_MAX_PIECES`` pieces, by the decode kernel itself (one launch);
@@ -756,7 +757,7 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     LockTimeoutError, JitDisabledError, ModuleLoadError; a malformed
     ``AITER_MLA_*`` variable is a ValueError naming it).
 
-    Source: AITER #3072 ``aiter/mla.py`` ``mla_decode_fwd`` (docs/DESIGN.md §5.1, steps C-E; no
+    Source: AITER #3072 ``aiter/mla.py`` ``mla_decode_fwd`` (docs/DESIGN.md §5.1: plan, decode, reduce; no
     head folding: every supported shape runs natively, which avoids the (64,2) fold mismatch,
     docs/DESIGN.md §8.5).
     """

@@ -28,7 +28,7 @@ class Signature:
     fields, in this order (``Args``, a ctypes Structure). Those are the arguments that stay the
     same call after call on the same buffers, so an op fills one ``Args`` per buffer set and a
     warm call converts only the per-call ``fields`` (a ctypes argument costs about 0.1 us; the
-    decode launch had 22). The C side exports ``<symbol>_args_bytes()`` = sizeof(struct),
+    decode's ``DecodeArgs`` holds 33 fields). The C side exports ``<symbol>_args_bytes()`` = sizeof(struct),
     checked against ``ctypes.sizeof(Args)`` when the entry point is loaded."""
 
     __slots__ = ("symbol", "fields", "names", "argtypes", "restype", "fixed", "Args")
@@ -119,8 +119,10 @@ class EntryPoints:
 
 class IdentityCache:
     """Checked launches, keyed by tuples that hold the caller's long-lived tensors by ``id()``
-    (and their data pointers) and the per-call ones by shape, strides, dtype and device: a warm
-    call looks its checks up instead of running them (docs/DESIGN.md §4.2).
+    (and their data pointers) and the per-call ones by shape, dtype and device (what a key
+    cannot hold, such as contiguity and alignment, each op checks on the warm path, e.g.
+    ``decode._is_warm``): a warm call looks its checks up instead of running them
+    (docs/DESIGN.md §4.2).
 
     An entry lives until one of the tensors its key names by id is freed (a weak reference's
     callback drops it, so a live key's ids always name the objects that were checked), until

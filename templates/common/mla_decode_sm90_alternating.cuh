@@ -48,7 +48,7 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
   using T::kOffKv;
   static constexpr int kSTiles = BN / 8;                      // a warpgroup scores a whole tile (N = 64)
   static constexpr int kStages = 2;
-  static constexpr bool kSw64 = Tma;                          // KV stage layout (wg::k_desc, wg::v_desc)
+  static constexpr bool kSwizzled = Tma;                      // KV stage layout (wg::k_desc, wg::v_desc)
   static constexpr bool kQTma = Tma;                          // Q copied by the producer, in the stage layout
   static constexpr int kVGroupBytes = kGroupBytes;
   static constexpr int kTmaRows = PageSize < BlockN ? PageSize : BlockN;
@@ -257,7 +257,7 @@ __device__ __forceinline__ void rescale(float (&o)[C::kOTiles][4], RowState& st,
 // warpgroup.
 template <class C>
 __device__ __forceinline__ void zero_v_tail_wg(uint8_t* smem, int stage, int valid) {
-  static_assert(C::kSw64, "TMA stages only (cp.async zero-fills the tail)");
+  static_assert(C::kSwizzled, "TMA stages only (cp.async zero-fills the tail)");
   uint8_t* base = smem + C::kOffKv + stage * C::kStageBytes;
   const int chunks = (C::BN - valid) * (kVDim * 2 / 16);
   for (int i = threadIdx.x & 127; i < chunks; i += 128) {

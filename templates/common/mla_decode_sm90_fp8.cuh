@@ -14,7 +14,7 @@ struct TmaTile : wg::WgmmaTile<BlockN, PageSize, true, Causal> {
   // page_size >= 8: KV stages are loaded by TMA in the 64-byte-swizzled layout (9 column blocks
   // of BN rows x 64 B; a box is kTmaRows rows x 64 B, at most one page); smaller pages keep
   // cp.async and the interleaved layout (a TMA box never spans two pages).
-  static constexpr bool kSw64 = PageSize >= 8;
+  static constexpr bool kSwizzled = PageSize >= 8;
   static constexpr int kTmaRows = PageSize < BlockN ? PageSize : BlockN;
   static constexpr int kTmaBoxBytes = kTmaRows * 64;
 };

@@ -48,7 +48,7 @@ struct TilePairsConfig : fp8::TmaTile<BlockN, PageSize, Causal> {
   static constexpr int kSmemBytes = kOffQBar + 2 * 8;
   // With TMA stages the producer copies Q too, first of each work, in the stage layout: no
   // consumer cp.async of Q, whose issue stalled behind the KV copies.
-  static constexpr bool kQTma = T::kSw64;
+  static constexpr bool kQTma = T::kSwizzled;
   static_assert(BN == 64, "the tile_pairs loop scores 64-key tiles (m64n64 QK)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
   static_assert(T::kOffKv % 512 == 0 && kOffP % 128 == 0, "operand tiles are aligned");

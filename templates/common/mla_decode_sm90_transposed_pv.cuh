@@ -52,7 +52,7 @@ __device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C:
   // lane (m, i) addresses key row 8m + i of the 32-key step, in its warp's 16-column chunk
   uint32_t src = smem_addr(smem + C::kOffKv + stage * C::kStageBytes);
   uint32_t sw = 0;
-  if constexpr (C::kSw64) {
+  if constexpr (C::kSwizzled) {
     src += (8 * m + i) * 64;
     sw = static_cast<uint32_t>(i >> 1) & 3;   // (row / 2) % 4 of this lane's rows
   } else {
@@ -64,7 +64,7 @@ __device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C:
 #pragma unroll
     for (int kk = 0; kk < C::BN / 32; ++kk) {
       uint32_t d[4];
-      if constexpr (C::kSw64) {
+      if constexpr (C::kSwizzled) {
         ldmatrix_x4_trans(d, src + (x >> 2) * (C::BN * 64) + kk * 32 * 64 + ((((x & 3) ^ sw)) << 4));
       } else {
         ldmatrix_x4_trans(d, src + kk * 4 * C::kGroupBytes + x * 128);

@@ -73,7 +73,7 @@ __device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C:
   const int key = vt_lane_key(lane);
   uint32_t src = smem_addr(smem + C::kOffKv + stage * C::kStageBytes);
   uint32_t sw = 0;
-  if constexpr (C::kSw64) {
+  if constexpr (C::kSwizzled) {
     src += key * 64;
     sw = static_cast<uint32_t>(key >> 1) & 3;   // the 64-byte swizzle of this lane's row
   } else {
@@ -85,7 +85,7 @@ __device__ __forceinline__ void load_vt_frags_impl(uint32_t (&a)[C::kMBlocks][C:
 #pragma unroll
     for (int kk = 0; kk < C::BN / 32; ++kk) {
       uint32_t* d = a[mb][kk];
-      if constexpr (C::kSw64) {
+      if constexpr (C::kSwizzled) {
         ldmatrix_x4_trans(a[mb][kk], src + (x >> 2) * (C::BN * 64) + kk * 32 * 64 + (((x & 3) ^ sw) << 4));
       } else {
         ldmatrix_x4_trans(a[mb][kk], src + kk * 4 * C::kGroupBytes + x * 128);

@@ -36,7 +36,7 @@ struct WgmmaTile {
   static constexpr int kChunksPerRow = kRowBytes / 16;        // 16-byte chunks = core-matrix columns
   static constexpr int kGroupBytes = 8 * kRowBytes;           // one 8-row group of Q / KV (SBO)
   static constexpr int kKSteps = kRowBytes / 32;              // 32 bytes of K per wgmma (k32 e4m3 / k16 bf16)
-  static constexpr int kSTiles = BN / 16;                     // n8 tiles of S per thread (N = BN/2)
+  static constexpr int kSTiles = BN / 16;                     // n8 tiles of S per thread at N = BN/2 (a half tile per warpgroup: tile_pairs' `single`); the whole-tile loops' configs set BN / 8
   static constexpr int kOTiles = kVDim / 2 / 8;               // n8 tiles of O per thread (N = 256)
   static constexpr int kQBytes = kRows * kRowBytes;
   static constexpr int kStageBytes = BN * kRowBytes;
@@ -53,7 +53,7 @@ struct WgmmaTile {
   static constexpr int kSwBytes = 64;
   // Barrier pairs (full, empty) per KV stage: one; the alternating loop's TMA stages have three.
   static constexpr int kParts = 1;
-  static_assert(BN == 64, "the warpgroup main loops run block_n 64 (N = 32 keys per warpgroup)");
+  static_assert(BN == 64, "the warpgroup main loops run block_n 64");
 };
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
@@ -413,9 +413,10 @@ struct QkAcc {
 
 // B operand (K of warpgroup half's keys, one k32 step kk) of QK. k_addr = the stage's address
 // plus k_half_offset<C>(half). Interleaved stages: 8-key groups kGroupBytes apart, 16-byte chunks
-// 128 B apart. 64-byte-swizzled stages (the TMA layout, C::kSw64): 64-byte
-// column blocks of BN rows x 64 B, 8-row atoms 512 B apart; a k32 step is half a block, reached
-// by moving the start address 32 B (the hardware applies the swizzle to the final address).
+// 128 B apart. Swizzled stages (the TMA layout, C::kSwizzled; C::kSwBytes = 64 here, 128 in
+// the alternating loop): column blocks of BN rows x kSwBytes, 8-row atoms 8 x kSwBytes apart;
+// a k32 step is 32 B into a block, reached by moving the start address (the hardware applies
+// the swizzle to the final address).
 // The descriptor's layout field for a swizzled stage: 64-byte 2, 128-byte 1 (sm_90 encoding).
 template <class C>
 __device__ __forceinline__ constexpr uint64_t swizzle_bits() {
@@ -424,7 +425,7 @@ __device__ __forceinline__ constexpr uint64_t swizzle_bits() {
 }
 template <class C>
 __device__ __forceinline__ uint32_t k_half_offset(int half) {
-  return C::kSw64 ? half * (C::BN / 2) * C::kSwBytes : half * (C::BN / 16) * C::kGroupBytes;
+  return C::kSwizzled ? half * (C::BN / 2) * C::kSwBytes : half * (C::BN / 16) * C::kGroupBytes;
 }
 // Descriptors of step kk are the step-0 descriptor plus the step's byte offset / 16 in the
 // address field (shared-memory addresses < 2^18 B: the 14-bit field never carries), so the
@@ -432,11 +433,11 @@ __device__ __forceinline__ uint32_t k_half_offset(int half) {
 template <class C>
 __device__ __forceinline__ constexpr uint32_t k_step_bytes(int kk) {
   constexpr int kPer = C::kSwBytes / 32;   // k-steps per column block
-  return C::kSw64 ? (kk / kPer) * (C::BN * C::kSwBytes) + (kk % kPer) * 32 : kk * 256;
+  return C::kSwizzled ? (kk / kPer) * (C::BN * C::kSwBytes) + (kk % kPer) * 32 : kk * 256;
 }
 template <class C>
 __device__ __forceinline__ uint64_t k_desc(uint32_t k_addr, int kk) {
-  const uint64_t d0 = C::kSw64 ? make_desc(k_addr, 16, 8 * C::kSwBytes) | swizzle_bits<C>() : make_desc(k_addr, 128, C::kGroupBytes);
+  const uint64_t d0 = C::kSwizzled ? make_desc(k_addr, 16, 8 * C::kSwBytes) | swizzle_bits<C>() : make_desc(k_addr, 128, C::kGroupBytes);
   return d0 + (k_step_bytes<C>(kk) >> 4);
 }
 // A operand (Q, interleaved layout) of QK step kk.
@@ -532,7 +533,7 @@ __device__ __forceinline__ void qk_finish(float (&s)[C::kSTiles][4], QkAcc<C>& a
 // step kk starts 16 keys = 1 KB further.
 template <class C>
 __device__ __forceinline__ uint64_t v_desc(uint32_t v_addr, int kk) {
-  if constexpr (C::kSw64) {
+  if constexpr (C::kSwizzled) {
     return make_desc(v_addr + kk * 16 * C::kSwBytes, C::BN * C::kSwBytes, 8 * C::kSwBytes) | swizzle_bits<C>();
   } else {
     return make_desc(v_addr + kk * 2 * C::kVGroupBytes, C::kVGroupBytes, 128);
