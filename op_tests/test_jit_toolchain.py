@@ -47,6 +47,25 @@ def test_real_nvcc_build_of_convert_fp8_for_sm90a(real_jit):
 
 
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc not on PATH (install the CUDA toolkit)")
+@pytest.mark.parametrize("doc", ["README.md", "docs/ARCHITECTURE.md"])
+def test_docs_jit_contract_snippet_runs_as_written(real_jit, doc):
+    """The docs' get_module example, executed verbatim (it lacked `import ctypes` and had
+    `argtypes=[...]`, so it could not run; a fresh-user report). Its argtypes must be the
+    entry point's (ops/convert.py SIGNATURE)."""
+    import re
+
+    from aiter_mla.ops import convert
+
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / doc).read_text(), re.S)
+    snippet = [b for b in blocks if 'get_module("convert_fp8"' in b]
+    assert len(snippet) == 1, f"{doc}: expected one JIT-contract snippet, found {len(snippet)}"
+    scope: dict = {}
+    exec(compile(snippet[0], f"{doc}:jit-contract", "exec"), scope)
+    assert scope["fn"].argtypes == [t for _, t in convert.SIGNATURE.fields]
+    assert scope["fn"].restype is ctypes.c_int
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not on PATH (install the CUDA toolkit)")
 def test_relative_templates_dir_builds(real_jit, monkeypatch, tmp_path):
     """AITER_MLA_TEMPLATES_DIR given relative to the current directory: nvcc runs in a staging
     folder, so the templates' -I must be absolute (it was passed as given, and the build failed
