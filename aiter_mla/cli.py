@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from . import env
 
-        if args.func.__name__ != "cmd_info":   # info reports it among the rest
+        if not getattr(args, "checks_env_itself", False):   # `info` reports it among the rest
             env.check_values()   # a malformed variable is an error on every other command
         rc = args.func(args)
     except KeyboardInterrupt as exc:

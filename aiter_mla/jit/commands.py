@@ -34,7 +34,7 @@ def register(subparsers) -> None:
     """Add ``info``, ``jit`` and ``deps`` to the ``aiter-mla`` parser."""
     p = subparsers.add_parser("info", help="versions, toolchains, GPU, cache, pins, env")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.set_defaults(func=cmd_info)
+    p.set_defaults(func=cmd_info, checks_env_itself=True)   # it lists a bad variable among the rest
 
     jit = subparsers.add_parser("jit", help="build, list, clear and inspect JIT modules")
     jsub = jit.add_subparsers(dest="jit_command", metavar="COMMAND", required=True)
@@ -666,7 +666,7 @@ def cmd_info(args) -> int:
             c = find_compiler(arch, None)   # probed afresh: info writes nothing into the cache
             toolchains[arch] = {"kind": c.kind, "path": c.path, "loadable": c.loadable,
                                 "version": _version_line(c.version)}
-        except (ToolchainError, ValueError) as exc:
+        except ToolchainError as exc:
             toolchains[arch] = {"error": str(exc)}
     pins = {}
     for name, pin in (cfg.third_party.items() if cfg is not None else ()):

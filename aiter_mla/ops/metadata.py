@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import operator
 import threading
 import weakref
 from dataclasses import dataclass
@@ -86,16 +85,11 @@ def default_kv_granularity(page_size: int) -> int:
     64 tokens is one KV tile of the decode kernel (block_n 64), so a cut never splits a tile
     and a piece's cost counts whole tiles. (AITER's test passes ``max(page_size, 16)``, which at
     page 64 is 4096 tokens per block: coarse splits.) Raises TypeError for a page size that is
-    not an int (bools, floats and strings included) and ValueError for one that is not a power
-    of two. Page sizes past 256 are accepted here (one page per block); the decode op refuses
+    not a Python or NumPy int (bools, floats, strings and tensors included) and ValueError for
+    one that is not a power of two. Page sizes past 256 are accepted here (one page per block); the decode op refuses
     them.
     """
-    try:   # ints and NumPy / one-element integer tensors; bools, floats and strings refused
-        if isinstance(page_size, bool):
-            raise TypeError
-        page_size = operator.index(page_size)
-    except TypeError:
-        raise TypeError(f"page_size must be an int, got {page_size!r} ({type(page_size).__name__})") from None
+    check_int("page_size", page_size)   # as every scalar of the scheduler's API
     if page_size < 1 or page_size & (page_size - 1):
         raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
     return max(1, 64 // page_size)
