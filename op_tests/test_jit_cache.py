@@ -713,3 +713,60 @@ def test_successful_build_clears_the_failure_record(fake_jit, monkeypatch):
     monkeypatch.setenv("FAKE_CC_MODE", "ok")
     core.build_variant("fake", arch="sm_90a", n=4, flavor="a")
     assert list(failed.iterdir()) == []
+
+
+def test_forked_child_does_not_inherit_a_held_variant_lock(fake_jit):
+    """A fork while another thread builds a variant: the child's get_module of that variant
+    waited forever on the thread lock copied in its held state (found by a fresh-user pass)."""
+    lock = core._variant_lock(("fake", tuple(sorted(P.items()))))
+    with lock:   # as a building thread holds it
+        pid = os.fork()
+        if pid == 0:   # the child: must build and load on its own, not hang
+            code = 1
+            try:
+                signal.alarm(60)
+                code = 0 if _answer(core.get_module("fake", **P)) == 42 else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("edit,why", [
+    (lambda m: m.update(loadable=False), "loadable=False for an artifact named 'lib.so'"),
+    (lambda m: m["artifact"].update(size=str(m["artifact"]["size"])), "not an integer"),
+    (lambda m: [1, 2], "holds a list, not an object"),
+])
+def test_inconsistent_meta_is_damage(fake_jit, edit, why, caplog):
+    """meta.json edited into something a build never writes: 'loadable' false on an nvcc
+    lib.so gave a CompileOnlyError telling to install ROCm, and a string size or a list gave
+    a message that named nothing (found by a fresh-user pass). Now: damage, rebuilt."""
+    m = core.get_module("fake", **P)
+    meta_path = m.lib_path.parent / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta = edit(meta) or meta
+    meta_path.write_text(json.dumps(meta))
+    got = Cache(fake_jit.root, True).read_entry(m.key, "sm_90a")
+    assert got.__class__.__name__ == "Corrupt" and why in got.reason
+    core.reset_state()
+    with caplog.at_level("WARNING", logger="aiter_mla.jit"):
+        assert _answer(core.get_module("fake", **P)) == 42
+    assert fake_jit.started() == 2
+
+
+def test_damaged_entry_in_a_read_only_root_says_it_is_damaged(fake_jit, monkeypatch):
+    """Only 'not writable' was said, not why a build was needed."""
+    m = core.get_module("fake", **P)
+    meta_path = m.lib_path.parent / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["artifact"]["sha256"] = "0" * 64
+    meta_path.write_text(json.dumps(meta))
+    core.reset_state()
+
+    def refuse(self, for_loads=True):
+        raise CacheNotWritableError(f"JIT cache root {self.root} is not writable (test)")
+
+    monkeypatch.setattr(Cache, "ensure_writable", refuse)
+    with pytest.raises(CacheNotWritableError, match="is damaged in the cache .*must be rebuilt, "
+                                                    "but JIT cache root .* is not writable"):
+        core.get_module("fake", **P)

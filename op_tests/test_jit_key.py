@@ -314,3 +314,16 @@ def test_hipcc_identity_carries_the_clang_it_runs(monkeypatch, tmp_path):
     monkeypatch.setenv("HIP_CLANG_PATH", str(tmp_path / "nowhere"))
     assert comp.identity()["host_compiler"] == [str(tmp_path / "nowhere" / "clang++")]
     assert "host_compiler" not in toolchain.Compiler("clang", str(clang), "clang 19").identity()
+
+
+def test_compiler_changed_under_a_running_process_is_found_again(fake_jit):
+    """A toolkit upgraded while a server runs: the next build used the new compiler but wrote
+    the first one's identity into its key and manifest, so the entry was filed under the wrong
+    key (found by a fresh-user pass). The compiler's file identity is checked per build."""
+    core.reset_state()
+    first = core.build_variant("fake", arch="sm_90a", n=1, flavor="a").entry
+    fake_jit.set_version("v2-with-a-longer-version-string")   # same path, new file
+    second = core.build_variant("fake", arch="sm_90a", n=2, flavor="a").entry   # no reset
+    versions = [e.meta["manifest"]["toolchain"]["version"] for e in (first, second)]
+    assert "v1" in versions[0] and "v2-with-a-longer-version-string" in versions[1]
+    assert second.key == k(arch="sm_90a", n=2, flavor="a")   # what a fresh process computes

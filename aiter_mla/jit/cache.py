@@ -274,9 +274,19 @@ class Cache:
             return Corrupt(key, d, "meta.json missing") if d.is_dir() else None
         except (OSError, ValueError) as exc:
             return Corrupt(key, d, f"meta.json unreadable: {exc}")
+        if not isinstance(meta, dict):
+            return Corrupt(key, d, f"meta.json holds a {type(meta).__name__}, not an object")
         try:
             art = meta["artifact"]
             path = d / art["name"]
+            if not isinstance(art["size"], int) or not isinstance(art["sha256"], str):
+                return Corrupt(key, d, f"meta.json's artifact size and sha256 are "
+                                       f"{art['size']!r} and {art['sha256']!r}, not an integer "
+                                       f"and a string")
+            # lib.so is what every loadable toolchain makes, code.hsaco the compile check's
+            if bool(meta.get("loadable")) != (art["name"] == "lib.so"):
+                return Corrupt(key, d, f"meta.json says loadable={meta.get('loadable')!r} for "
+                                       f"an artifact named {art['name']!r}")
             if meta["key"] != key:
                 return Corrupt(key, d, f"meta.json is for key {meta['key']}")
             if meta["arch"] != arch:
@@ -355,9 +365,10 @@ class Cache:
             pass
 
     # ----- writing
-    def ensure_writable(self) -> None:
+    def ensure_writable(self, for_loads: bool = True) -> None:
         """Create the folders a build needs; raise :class:`CacheNotWritableError` naming
-        ``AITER_MLA_CACHE_DIR`` when that fails."""
+        ``AITER_MLA_CACHE_DIR`` when that fails. ``for_loads``: the write serves a load (a
+        build), so the message also offers ``AITER_MLA_DISABLE_JIT=1``; not for clear or gc."""
         try:
             for sub in _SUBDIRS:
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -372,9 +383,11 @@ class Cache:
             blocker = exc.filename and Path(exc.filename) != self.root and (
                 exc.errno in (errno.EEXIST, errno.ENOTDIR) or Path(exc.filename).exists())
             where = f" at {exc.filename}" if blocker else ""
+            if self.root.is_symlink() and not self.root.exists():
+                where = f": a symlink to the missing {os.readlink(self.root)}"
             # the second way out only where it is one: loads already serve read-only roots, and
-            # clear / gc / fetch write whatever AITER_MLA_DISABLE_JIT says
-            loads_only = "" if env.get_flag("AITER_MLA_DISABLE_JIT") else (
+            # clear / gc write whatever AITER_MLA_DISABLE_JIT says
+            loads_only = "" if env.get_flag("AITER_MLA_DISABLE_JIT") or not for_loads else (
                 ", or AITER_MLA_DISABLE_JIT=1 to use only what the cache already holds")
             raise CacheNotWritableError(
                 f"JIT cache root {self.root} is not writable ({exc.strerror or exc}{where}; {how}): "

@@ -527,7 +527,7 @@ def _managed_caches() -> list:
         if not cache.root.exists():
             continue
         try:
-            cache.ensure_writable()   # a read-only root: one clear message, not a raw errno
+            cache.ensure_writable(for_loads=False)   # a read-only root: one clear message, not a raw errno
         except CacheNotWritableError as exc:
             if cache.explicit:
                 raise

@@ -36,8 +36,8 @@ from .cache import (Cache, CacheNotWritableError, Corrupt, Entry, default_root, 
 from .config import JitConfig, load_config, templates_dir
 from .loader import Module, ModuleLoadError
 from .render import describe, render
-from .toolchain import (BuildError, Compiler, ToolchainError, check_artifact, find_compiler,
-                        run_compiler, save_version, toolchain_kinds)
+from .toolchain import (BuildError, Compiler, ToolchainError, check_artifact, compiler_identity,
+                        find_compiler, run_compiler, save_version, toolchain_kinds)
 
 
 class JitDisabledError(RuntimeError):
@@ -52,6 +52,18 @@ _memo: dict[tuple, Module] = {}
 _global_lock = threading.Lock()
 _variant_locks: dict[tuple, threading.Lock] = {}
 _reset_hooks: list = []   # callables reset_state() runs (on_reset)
+
+
+def _locks_after_fork() -> None:
+    """In a forked child, fresh thread locks: a lock another thread of the parent held at the
+    fork (a build in progress) would stay held in the child forever. The cross-process file
+    lock is not inherited, so the child waits on that one as any other process does."""
+    global _global_lock, _variant_locks
+    _global_lock = threading.Lock()
+    _variant_locks = {}
+
+
+os.register_at_fork(after_in_child=_locks_after_fork)
 
 
 def on_reset(hook) -> None:
@@ -75,7 +87,7 @@ class _State:
             fb = existing_private_fallback_root()   # where an earlier process built, root read-only
             if fb is not None and fb != self.caches[0].root:
                 self.caches.append(Cache(fb, explicit=False))
-        self.compilers: dict[str, Compiler] = {}
+        self.compilers: dict[str, tuple[Compiler, list]] = {}   # arch -> (compiler, its file identity)
         self.rebuilt: set[tuple] = set()
 
     @property
@@ -83,9 +95,20 @@ class _State:
         return self.caches[0]
 
     def compiler(self, arch: str) -> Compiler:
-        c = self.compilers.get(arch)
-        if c is None:
-            c = self.compilers[arch] = find_compiler(arch, self.cache.toolchains_dir)
+        """The compiler for ``arch``, found again when the file it resolved to changed since
+        (a toolkit upgraded under a running server): a build must never record the old
+        compiler's identity in its key. One stat (and a script's head) per call; calls come
+        from builds and cold loads only."""
+        got = self.compilers.get(arch)
+        if got is not None:
+            c, stamp = got
+            try:
+                if compiler_identity(c.path) == stamp:
+                    return c
+            except OSError:
+                pass   # gone: find_compiler says what to do
+        c = find_compiler(arch, self.cache.toolchains_dir)
+        self.compilers[arch] = (c, compiler_identity(c.path))
         return c
 
     def writable_cache(self) -> Cache:
@@ -302,7 +325,13 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
                            f"toolchain ({tc.get('kind')} at {tc.get('path')}: {version!r}) is "
                            f"there, which is used only where no compiler is found")
         raise _disabled_error(name, plan.params, f"(key {key[:16]}...) {state_text}")
-    cache = state.writable_cache()
+    try:
+        cache = state.writable_cache()
+    except CacheNotWritableError as exc:
+        if isinstance(got, Corrupt):   # say why a build was needed at all
+            raise CacheNotWritableError(f"{variant} is damaged in the cache ({got.reason}) and "
+                                        f"must be rebuilt, but {exc}") from None
+        raise
     save_version(cache.toolchains_dir, plan.compiler.path)   # the root exists now: remember the probe
     with cache.lock(key, f"build of {variant}"):
         if env_rebuild and variant_id in state.rebuilt:
