@@ -22,7 +22,9 @@ FP8_MAX = 448.0
 
 @pytest.mark.parametrize("kwargs,exc,text", [
     (dict(max_batch_size=0), ValueError, "max_batch_size must be an int >= 1, got 0"),
-    (dict(max_batch_size=2.0), TypeError, "max_batch_size must be an int"),
+    (dict(max_batch_size=2.0), TypeError, "max_batch_size must be an int, got float 2.0"),
+    (dict(max_batch_size=True), TypeError, "max_batch_size must be an int, got bool True"),
+    (dict(dtype="bf16"), TypeError, "dtype must be a torch.dtype .* got str 'bf16'"),
     (dict(sm_scale=float("nan")), ValueError, "sm_scale must be a finite float > 0"),
     (dict(sm_scale=None), TypeError, "sm_scale must be a float, got NoneType None"),
     (dict(sm_scale="x"), TypeError, "sm_scale must be a float, got str 'x'"),
@@ -55,6 +57,8 @@ def _append_args(tokens=3, dtype=torch.bfloat16, device="cpu"):
     (dict(k_pe=torch.zeros(3, 63, dtype=torch.bfloat16)), ValueError, r"k_pe must be \[num_tokens=3, 64\]"),
     (dict(slot_mapping=torch.zeros(3, dtype=torch.int32)), TypeError, "slot_mapping must be torch.int64"),
     (dict(kv_cache=torch.zeros(4, 16, 1, 576)), TypeError, "kv_cache must be torch.bfloat16 or"),
+    (dict(kv_cache=torch.zeros(4, 16, 1, 576, dtype=torch.float8_e4m3fn),
+          kv_scale=torch.ones(1, dtype=torch.float64)), TypeError, "kv_scale must be float32 .* got torch.float64"),
 ])
 def test_cache_append_names_a_bad_argument_on_cpu(change, exc, text):
     args = _append_args() | change

@@ -233,16 +233,21 @@ def test_param_given_twice_is_an_error(capsys):
     assert "--param arch given twice" in capsys.readouterr().err
 
 
-def test_list_shows_a_corrupt_default_entry_once(fake_jit, capsys):
-    """A damaged entry is one row marked corrupt, not a 'missing' default plus a 'cached' extra
-    (new-user report)."""
-    assert main(["jit", "build", "fake", "--param", "n=1", "--param", "flavor=a",
+def _list_after_damage(fake_jit, capsys, n: int, flavor: str) -> str:
+    """Build fake(n, flavor) alone, truncate its library, return `jit list`'s output."""
+    assert main(["jit", "build", "fake", "--param", f"n={n}", "--param", f"flavor={flavor}",
                  "--param", "arch=sm_90a"]) == 0
     capsys.readouterr()
     (lib,) = (fake_jit.root / "entries").glob("*/lib.so")
     lib.write_bytes(lib.read_bytes()[:10])
     assert main(["jit", "list"]) == 0
-    out = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_list_shows_a_corrupt_default_entry_once(fake_jit, capsys):
+    """A damaged entry is one row marked corrupt, not a 'missing' default plus a 'cached' extra
+    (new-user report)."""
+    out = _list_after_damage(fake_jit, capsys, 1, "a")
     assert "[corrupt] default fake(arch=sm_90a, flavor=a, n=1)" in out
     assert "extra   fake(arch=sm_90a, flavor=a, n=1)" not in out
 
@@ -429,3 +434,10 @@ def test_missing_cache_dir_is_named_by_commands_that_read_it(tmp_path, capsys, a
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert f"which cannot be one ({f} exists and is not a folder)" in err and "Errno" not in err
+
+
+def test_list_shows_a_corrupt_extra_entry_as_corrupt(fake_jit, capsys):
+    """A damaged non-default entry was listed as cached (or, with no compiler, as built by
+    another toolchain) instead of damaged (fresh-user report)."""
+    out = _list_after_damage(fake_jit, capsys, 5, "b")
+    assert "[corrupt] extra   fake(arch=sm_90a, flavor=b, n=5)" in out, out

@@ -422,6 +422,17 @@ def test_kv_indptr_may_start_past_zero():
     assert s.work_info[0][WI["kv_start"]] == 1000
 
 
+def test_last_page_lens_are_checked_at_page_size_1_too():
+    """The decode kernel refuses a length other than 1 at page size 1; the CPU scheduler, which
+    says it validates values, let 0 and 12345 through (a fresh-user audit)."""
+    with pytest.raises(ValueError, match=r"kv_last_page_lens\[1\] must be in \[1, page_size=1\] .* got 12345"):
+        reference_schedule([0, 1, 2], [0, 5, 9], [1, 12345], num_heads=16, num_clusters=4,
+                           page_size=1, kv_granularity=64, max_seqlen_qo=1)
+    s = reference_schedule([0, 1, 2], [0, 5, 9], [1, 1], num_heads=16, num_clusters=4,
+                           page_size=1, kv_granularity=64, max_seqlen_qo=1)
+    assert len(s.work_info) >= 2
+
+
 @pytest.mark.parametrize("bad, msg", [
     (dict(kv=[0, 5, 3]), "non-decreasing"),
     (dict(qo=[0, 1, 1]), "q length of batch 1"),

@@ -1231,6 +1231,23 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
         aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx.float(), last, 1, page_size=16)
     with pytest.raises(ValueError, match=r"kv_last_page_lens must have 1 dimension, got shape \(2, 1\)"):
         aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last[:, None], 1, page_size=16)
+    # the scalars and the batch layout too (a fresh-user audit: sm_scale was never checked, so
+    # NaN gave NaN output on a GPU; logit_cap='x' and nhead_kv='1' gave bare or contradictory
+    # errors; a batch mismatch was named only on a GPU)
+    for kw, exc, text in ((dict(sm_scale="abc"), TypeError, "sm_scale must be a float .* got 'abc' \\(str\\)"),
+                          (dict(sm_scale=float("nan")), ValueError, "sm_scale must be a finite number, got nan"),
+                          (dict(logit_cap="x"), TypeError, "logit_cap must be a float .* got 'x'"),
+                          (dict(nhead_kv="1"), TypeError, "nhead_kv must be an int, got '1' \\(str\\)"),
+                          (dict(nhead_kv=2), NotImplementedError, "nhead_kv must be 1 .* got 2"),
+                          (dict(final_lse=torch.empty(2, 16)), ValueError, "final_lse is given but return_lse is False")):
+        with pytest.raises(exc, match=text):
+            aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last, 1, page_size=16, **kw)
+    with pytest.raises(ValueError, match="kv_indptr must have batch \\+ 1 = 3 entries like qo_indptr, got 2"):
+        aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi[:2], idx, last, 1, page_size=16)
+    with pytest.raises(ValueError, match="kv_last_page_lens must have batch = 2 entries, got 1"):
+        aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last[:1], 1, page_size=16)
+    with pytest.raises(ValueError, match="softmax_scale must be a finite number, got inf"):
+        aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, wis, 1, float("inf"), split_o, split_l, o)
 
 
 @gpu

@@ -360,6 +360,18 @@ def test_reduce_rejects_cpu_tensors():
     with pytest.raises((TypeError, ValueError), match="reduce_indptr"):
         mla_reduce_v1(b["partial_output"], b["partial_lse"], b["reduce_indptr"].long(),
                       b["reduce_final_map"], b["reduce_partial_map"], 1, out, lse)
+    # max_seqlen_q: numpy ints pass to the device check; a float is a TypeError; a value past
+    # int32 is named instead of wrapping in the launch field (a fresh-user audit)
+    import numpy as np
+
+    args = (b["partial_output"], b["partial_lse"], b["reduce_indptr"], b["reduce_final_map"],
+            b["reduce_partial_map"])
+    with pytest.raises(ValueError, match="partial_output must be a CUDA tensor"):
+        mla_reduce_v1(*args, np.int64(1), out, lse)
+    with pytest.raises(TypeError, match="max_seqlen_q must be an int, got float 1.0"):
+        mla_reduce_v1(*args, 1.0, out, lse)
+    with pytest.raises(ValueError, match=r"max_seqlen_q must be an int in \[1, 2147483647\], got 2147483648"):
+        mla_reduce_v1(*args, 2**31, out, lse)
 
 
 def test_public_names():

@@ -449,6 +449,11 @@ def cmd_list(args) -> int:
             # toolchain built: one row, saying when that entry serves, not a second "extra" row
             twin = next((v for v in mod["variants"] if v["default"] and v["key"] is None
                          and v["params"] == meta.get("params")), None)
+            got = st.cache.read_entry(e["key"], str(meta.get("arch")))
+            if isinstance(got, core.Corrupt):   # damage first: "other" would hide it
+                mod["variants"].append({"params": meta.get("params"), "default": False,
+                                        "status": "corrupt", "key": e["key"], "note": got.reason})
+                continue
             if twin is not None and _served_without_compiler(mod["module"], twin["params"], e["key"]):
                 twin["note"] = (f"{twin['note']}; " if twin["note"] else "") + (
                     f"cached as {e['key'][:12]}, built by another toolchain: served with "

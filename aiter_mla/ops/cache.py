@@ -73,7 +73,8 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
             be strided (a view of a wider projection), the last dim contiguous.
         k_pe: [num_tokens, 64] bf16, the RoPE key (rotary already applied); same rules.
         kv_cache: [num_pages, page_size, 1, 576] contiguous, bf16 or fp8 e4m3fn (the decode op's
-            ``kv_buffer``). Slot s is row ``s % page_size`` of page ``s // page_size``.
+            ``kv_buffer``). Slot s is row ``s % page_size`` of page ``s // page_size``. Any
+            page_size is written; the decode op reads powers of two 1..256.
         slot_mapping: [num_tokens] int64 on the cache's device. A negative slot is a padding
             token and is skipped (as vLLM). A slot >= num_pages * page_size is skipped and
             reported (below).
@@ -117,8 +118,10 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
     if cache_dtype == "fp8":
         if not isinstance(kv_scale, torch.Tensor):
             _fail(TypeError, "kv_scale", "a [1] float32 tensor for an fp8 kv_cache", type(kv_scale).__name__)
-        if kv_scale.dtype != torch.float32 or kv_scale.numel() != 1:
-            _fail(ValueError, "kv_scale", "one float32 element", f"{kv_scale.numel()} x {kv_scale.dtype}")
+        if kv_scale.dtype != torch.float32:
+            _fail(TypeError, "kv_scale", "float32 (one element)", kv_scale.dtype)
+        if kv_scale.numel() != 1:
+            _fail(ValueError, "kv_scale", "one float32 element", f"{kv_scale.numel()} elements")
         if kv_scale.device != device:
             _fail(ValueError, "kv_scale", f"on {device} (kv_cache's device)", kv_scale.device)
     elif kv_scale is not None:

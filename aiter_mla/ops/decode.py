@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import numbers
 import operator
 from typing import Optional
 
@@ -147,6 +148,18 @@ _prepared = launch.IdentityCache()
 def _supported_text() -> str:
     return (f"supported: num_heads in 1..{arch.MAX_HEADS} and max_seqlen_q in 1..{arch.MAX_SEQLEN_Q}; "
             f"q/kv dtypes: fp8 e4m3fn/fp8 e4m3fn or bf16/bf16; page_size: a power of two in 1..256")
+
+
+def _require_scale(name: str, value) -> float:
+    """``value`` as a float: a real number (numpy's too; not a bool or a string), finite. Any
+    sign works (the kernel masks and scales exactly for either), as in the reference. TypeError /
+    ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float (e.g. 1/sqrt(576)), got {value!r} "
+                        f"({type(value).__name__})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
 
 
 def _require_int(name: str, value) -> int:
@@ -305,6 +318,19 @@ def _check_scale(t, name: str, device: torch.device) -> None:
         raise ValueError(f"{name} must hold 1 element (per-tensor scale), got shape {tuple(t.shape)}")
 
 
+def _check_batch_layout(qo_indptr, kv_indptr, kv_last_page_lens) -> int:
+    """The batch count the three per-batch tensors agree on (sizes only: no device needed)."""
+    batch = qo_indptr.numel() - 1
+    if batch < 1:
+        raise ValueError(f"qo_indptr must have batch + 1 >= 2 entries, got {qo_indptr.numel()}")
+    if kv_indptr.numel() != batch + 1:
+        raise ValueError(f"kv_indptr must have batch + 1 = {batch + 1} entries like qo_indptr, "
+                         f"got {kv_indptr.numel()}")
+    if kv_last_page_lens.numel() < batch:
+        raise ValueError(f"kv_last_page_lens must have batch = {batch} entries, got {kv_last_page_lens.numel()}")
+    return batch
+
+
 def _check_indptr_len(work_indptr, clusters: int) -> None:
     if work_indptr.numel() < clusters + 1:
         raise ValueError(f"work_indptr must hold num_clusters + 1 = {clusters + 1} entries "
@@ -375,14 +401,7 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
                     ("kv_page_indices", kv_page_indices), ("kv_last_page_lens", kv_last_page_lens),
                     ("work_indptr", work_indptr)):
         _check_tensor(t, name, torch.int32, device, dim=1)
-    batch = qo_indptr.numel() - 1
-    if batch < 1:
-        raise ValueError(f"qo_indptr must have batch + 1 >= 2 entries, got {qo_indptr.numel()}")
-    if kv_indptr.numel() != batch + 1:
-        raise ValueError(f"kv_indptr must have batch + 1 = {batch + 1} entries like qo_indptr, "
-                         f"got {kv_indptr.numel()}")
-    if kv_last_page_lens.numel() < batch:
-        raise ValueError(f"kv_last_page_lens must have batch = {batch} entries, got {kv_last_page_lens.numel()}")
+    batch = _check_batch_layout(qo_indptr, kv_indptr, kv_last_page_lens)
     _check_tensor(work_info_set, "work_info_set", torch.int32, device, dim=2)
     if work_info_set.shape[1] != WORK_INFO_INTS:
         raise ValueError(f"work_info_set must be [num_works, {WORK_INFO_INTS}], got {tuple(work_info_set.shape)}")
@@ -547,7 +566,7 @@ def _prepare(query, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
         split_tokens=split_output.numel() // (num_heads * V_HEAD_DIM),
         error_claim=sink.claim_ptr, error_record=sink.record_ptr, reduce_launch=None,
         reduce_args=None, arrivals=None, reduce_indptr=None, reduce_partial_map=None,
-        reduce_indptr_len=0, partial_map_len=0, sm_scale=float(softmax_scale), num_heads=num_heads, num_clusters=clusters,
+        reduce_indptr_len=0, partial_map_len=0, sm_scale=_require_scale("softmax_scale", softmax_scale), num_heads=num_heads, num_clusters=clusters,
         grid_x=launch_grid_x(params, clusters), num_batches=qo_indptr.numel() - 1,
         total_q=int(query.shape[0]), max_seqlen_q=max_seqlen_q, device=index)
     p.addr = ctypes.addressof(p.args)
@@ -670,6 +689,7 @@ def _hk_decode(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_
                work_indptr, work_info_set, max_seqlen_q, softmax_scale, split_output, split_lse,
                final_output, q_scale, kv_scale, final_lse) -> None:
     if isinstance(query, torch.Tensor) and not query.is_cuda:   # the device-free checks first,
+        _require_scale("softmax_scale", softmax_scale)   # (on CUDA: _prepare's)
         _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
                   work_indptr, work_info_set, max_seqlen_q, split_output, split_lse,
                   final_output, q_scale, kv_scale, final_lse)   # then its own device check
@@ -719,15 +739,22 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     (:class:`Prepared`); either way gives the same result.
 
     Args:
-        q: [total_q, H, 576] fp8 e4m3fn or bf16. kv_buffer: [num_pages, page_size, 1, 576], same
-            dtype. o: [total_q, H, 512] bf16 output.
-        qo_indptr, kv_indptr, kv_indices, kv_last_page_lens: int32 batch layout (kv in pages).
+        q: [total_q, H, 576] fp8 e4m3fn or bf16, contiguous. kv_buffer: [num_pages, page_size,
+            1, 576], same dtype, contiguous (page_size a power of two 1..256). o: [total_q, H,
+            512] bf16 output, contiguous.
+        qo_indptr: [B+1] int32, q tokens, starting at 0 and ending at total_q (B >= 1).
+        kv_indptr: [B+1] int32, pages into ``kv_indices``, starting at 0, non-decreasing.
+        kv_indices: [>= kv_indptr[-1]] int32 physical page ids, each in [0, num_pages).
+        kv_last_page_lens: [B] int32, tokens in each non-empty batch's last page, 1..page_size.
+            Index values are the kernel's to check (a bad one raises DeviceIndexError at a
+            later call; module docstring).
         max_seqlen_q: int, q length per batch (AITER: uniform MTP length; shorter batches work).
             It also picks the mask (there is no mask argument, as in AITER): none at 1; causal
             above 1, bottom-right aligned per batch (q token i of a batch's n sees its first
             ctx - n + 1 + i keys).
         page_size: must equal kv_buffer.shape[1]. nhead_kv: must be 1.
-        sm_scale: default 1/sqrt(576). logit_cap: must be <= 0 (unsupported, as AITER).
+        sm_scale: a finite float, default 1/sqrt(576). logit_cap: must be <= 0 (unsupported,
+            as AITER).
         num_kv_splits, num_kv_splits_indptr, intra_batch_mode: accepted for AITER compatibility
             and unused (as in AITER #3072's persistent path).
         q_scale, kv_scale: optional [1] fp32 per-tensor scales (honoured).
@@ -827,10 +854,12 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
         raise ValueError(f"q must be a [total_q, num_heads, {QK_HEAD_DIM}] tensor, got {tuple(q.shape)}")
     if kv_buffer.dim() != 4:
         raise ValueError(f"kv_buffer must be [num_pages, page_size, 1, {QK_HEAD_DIM}], got {tuple(kv_buffer.shape)}")
-    if logit_cap is not None and logit_cap > 0:
+    if logit_cap is not None and _require_scale("logit_cap", logit_cap) > 0:
         raise NotImplementedError(f"logit_cap must be <= 0 (soft-capping is not supported), got {logit_cap}")
-    if nhead_kv != 1:
-        raise NotImplementedError(f"nhead_kv must be 1 (MLA has one latent KV head), got {nhead_kv}")
+    if _require_int("nhead_kv", nhead_kv) != 1:
+        raise NotImplementedError(f"nhead_kv must be 1 (MLA has one latent KV head), got {nhead_kv!r}")
+    sm_scale = (1.0 / math.sqrt(int(kv_buffer.shape[3])) if sm_scale is None
+                else _require_scale("sm_scale", sm_scale))
     if kv_buffer.shape[2] != 1:
         raise NotImplementedError(f"kv_buffer.shape[2] (KV heads) must be 1 (MLA has one latent KV head), "
                                   f"got {kv_buffer.shape[2]}")
@@ -856,20 +885,18 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
     if tuple(o.shape) != (total_q, num_heads, V_HEAD_DIM):
         raise ValueError(f"o must be [{total_q}, {num_heads}, {V_HEAD_DIM}] (q's rows and heads, the V dim), "
                          f"got {tuple(o.shape)}")
+    _check_batch_layout(qo_indptr, kv_indptr, kv_last_page_lens)
+    if final_lse is not None and not return_lse:
+        raise ValueError("final_lse is given but return_lse is False: pass return_lse=True")
     _require_cuda("q", q)   # after the shape and dtype checks, which need no device
     device = q.device
     clusters = None
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(int(kv_buffer.shape[3]))
 
     if work_meta_data is None:
         # get_mla_metadata_info_v1 + get_mla_metadata_v1 with this call's work-list count (the
         # info's other checks hold by decode_variant: supported heads x qlen and dtypes).
         clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device)
-        batch = qo_indptr.numel() - 1
-        if batch < 0:   # (a batch of 0 is refused by the checks below, as before planning did)
-            raise ValueError(f"qo_indptr must have batch + 1 >= 2 entries, got {qo_indptr.numel()}")
-        info = metadata._buffer_specs(batch, clusters)
+        info = metadata._buffer_specs(qo_indptr.numel() - 1, clusters)   # batch >= 1: checked above
         (work_meta_data, work_indptr, work_info_set, reduce_indptr, reduce_final_map,
          reduce_partial_map) = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in info]
         metadata._fill_schedule(
@@ -908,8 +935,6 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
         logits = torch.empty(split_shape, dtype=torch.float32, device=device)
         attn_lse = torch.empty((n_partial, 1, num_heads, 1), dtype=torch.float32, device=device)
     if final_lse is not None:
-        if not return_lse:
-            raise ValueError("final_lse is given but return_lse is False: pass return_lse=True")
         _check_tensor(final_lse, "final_lse", torch.float32, device)
         if tuple(final_lse.shape) != (total_q, num_heads):
             raise ValueError(f"final_lse must be [{total_q}, {num_heads}], got {tuple(final_lse.shape)}")

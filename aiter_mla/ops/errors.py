@@ -167,7 +167,8 @@ def check_errors(device=None) -> None:
     synchronisation: call it where the engine synchronises anyway, or in tests.
 
     Raises :class:`DeviceIndexError`; ValueError when ``device`` is not a CUDA device or not a
-    visible one; RuntimeError when no CUDA device is visible at all.
+    visible one; RuntimeError when a ``device`` is named and no CUDA device is visible at all
+    (with ``device=None`` and no op run yet, there is nothing to check: it returns None).
     """
     import torch
 

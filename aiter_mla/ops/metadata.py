@@ -342,10 +342,16 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
 
     Inputs (int32, unit stride, one device): ``seqlens_qo_indptr`` [B+1] (q tokens; ragged
     lengths allowed, each in [1, max_seqlen_qo]), ``seqlens_kv_indptr`` [B+1] (**pages**,
-    non-decreasing; values must fit int32, so at page_size 1 the total KV is < 2**31 tokens),
-    ``kv_last_page_lens`` [>=B] (tokens in each batch's last page, 1..page_size; unused at page
-    size 1). ``kv_granularity``: pages per cost block (power of two; the decode op passes
-    :func:`default_kv_granularity`). ``max_seqlen_qo`` (or ``uni_seqlen_qo`` when it is -1)
+    non-decreasing; values must fit int32, so at page_size 1 the
+    total KV is < 2**31 tokens), ``kv_last_page_lens`` [>=B] (tokens in each non-empty batch's
+    last page, 1..page_size: so 1 at page size 1, where the schedule does not read them; the
+    decode kernel checks them at every page size). Both indptrs may start past 0 here (as
+    AITER: the work records hold absolute offsets), but the decode op needs them to start at
+    0 (and qo_indptr to end at total_q); it reads these same tensors. ``page_size``: a power of two (the decode supports 1..256).
+    ``kv_granularity``: pages per cost block (power of two; the decode op passes
+    :func:`default_kv_granularity`). ``max_split_per_batch``: as AITER, a cap on the *total*
+    split count, ``min(work lists, max_split_per_batch x B)`` (not per batch: at 1, one long
+    batch among short ones is still cut into several pieces); negative (the default) for no cap. ``max_seqlen_qo`` (or ``uni_seqlen_qo`` when it is -1)
     must be given: reading it from ``qo_indptr`` would need a host sync. ``is_causal`` is
     accepted and unused (as in AITER's v1_2): the decode's mask follows the q length (causal
     above 1, :func:`aiter_mla.ops.decode.mla_decode_fwd`), whatever it says. ``dtype_q``/``dtype_kv`` are recorded only.

@@ -145,9 +145,11 @@ def validate_inputs(qo_indptr, kv_indptr, kv_last_page_lens, *, page_size: int,
 
     Raises ValueError naming the argument, the expected and the actual value for:
     ``len(qo_indptr) != len(kv_indptr)``; fewer than ``B`` last-page lengths; a negative first
-    entry; a decreasing ``kv_indptr``; a q length outside ``[1, max_seqlen_qo]``; a
-    ``kv_last_page_lens[b]`` outside ``[1, page_size]`` for a non-empty batch when
-    ``page_size > 1``; a value that does not fit int32; a batch with ``>= 2**31`` KV tokens.
+    entry (a start past 0 is planned, as AITER: the work records hold absolute offsets; the
+    decode op needs 0); a decreasing ``kv_indptr``; a q length
+    outside ``[1, max_seqlen_qo]``; a ``kv_last_page_lens[b]`` outside ``[1, page_size]`` for a
+    non-empty batch (1 at page size 1, as the decode kernel checks); a value that does not fit
+    int32; a batch with ``>= 2**31`` KV tokens.
     ``names``: the caller's names for the two indptrs in the messages (``get_mla_metadata_v1``
     calls them ``seqlens_qo_indptr`` / ``seqlens_kv_indptr``).
     """
@@ -179,7 +181,7 @@ def validate_inputs(qo_indptr, kv_indptr, kv_last_page_lens, *, page_size: int,
             raise ValueError(
                 f"q length of batch {b} ({qn}[{b + 1}] - {qn}[{b}]) must be in "
                 f"[1, max_seqlen_qo={max_seqlen_qo}], got {qlen}")
-        if kvlen > 0 and page_size > 1:
+        if kvlen > 0:
             if not 1 <= lpl[b] <= page_size:
                 raise ValueError(
                     f"kv_last_page_lens[{b}] must be in [1, page_size={page_size}] for a "

@@ -22,11 +22,14 @@ __all__ = ["MlaDecodePlanner"]
 
 
 def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"MlaDecodePlanner: {name} must be an int, got bool {value!r}")
     try:
         v = operator.index(value)
     except TypeError:
-        raise TypeError(f"MlaDecodePlanner: {name} must be an int, got {type(value).__name__}") from None
-    if isinstance(value, bool) or v < 1:
+        raise TypeError(f"MlaDecodePlanner: {name} must be an int, got {type(value).__name__} "
+                        f"{value!r}") from None
+    if v < 1:
         raise ValueError(f"MlaDecodePlanner: {name} must be an int >= 1, got {value!r}")
     return v
 
@@ -49,8 +52,10 @@ class MlaDecodePlanner:
 
     Buffers (allocated here, never reallocated, so CUDA-graph safe): the batch layout
     (``qo_indptr``, ``kv_indptr``, ``kv_last_page_lens``, ``kv_indices``), the six schedule
-    buffers of ``get_mla_metadata_info_v1(max_batch_size, ...)`` and the split buffers. They take
-    about ``(max_batch_size + num_clusters) * num_heads * max_seqlen_q * 2 KiB`` on the device.
+    buffers of ``get_mla_metadata_info_v1(max_batch_size, ...)`` and the split buffers. The split
+    buffers dominate: about ``min(max_batch_size + C - 1, 2 (C - 1)) * num_heads * max_seqlen_q
+    * 2 KiB`` on the device, C the work-list count (``aiter_mla.arch.num_clusters``; 66 at 128
+    rows on an H200: 33 MiB at batch 256, (128,1)).
 
     Raises TypeError / ValueError naming the argument, NotImplementedError for an unsupported
     shape or dtype (listing what is supported), RuntimeError without a CUDA device.
@@ -70,6 +75,9 @@ class MlaDecodePlanner:
         if not (math.isfinite(sm_scale) and sm_scale > 0):
             raise ValueError(f"MlaDecodePlanner: sm_scale must be a finite float > 0, got {sm_scale!r}")
         self.sm_scale = float(sm_scale)
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"MlaDecodePlanner: dtype must be a torch.dtype (torch.bfloat16 or "
+                            f"torch.float8_e4m3fn), got {type(dtype).__name__} {dtype!r}")
         if dtype not in decode.SUPPORTED_DTYPES:
             raise NotImplementedError(f"MlaDecodePlanner: dtype must be one of "
                                       f"{sorted(map(str, decode.SUPPORTED_DTYPES))}, got {dtype}")

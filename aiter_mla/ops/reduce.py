@@ -8,6 +8,7 @@ The same launch is registered as the torch custom op ``aiter_mla::mla_reduce_v1`
 from __future__ import annotations
 
 import ctypes
+import operator
 from typing import Optional
 
 import torch
@@ -92,8 +93,15 @@ def _check(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_
             _fail("reduce_final_map", f"[>= tiles={tiles}, 2] (q_start, q_end)",
                   tuple(reduce_final_map.shape))
     _check_tensor(reduce_partial_map, "reduce_partial_map", torch.int32, dev, True)
-    if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 1:
-        _fail("max_seqlen_q", "an int >= 1", repr(max_seqlen_q))
+    try:   # numpy ints too; bools, floats and many-element tensors are refused
+        if isinstance(max_seqlen_q, bool):
+            raise TypeError
+        seqlen = operator.index(max_seqlen_q)
+    except TypeError:
+        raise TypeError(f"mla_reduce_v1: max_seqlen_q must be an int, got "
+                        f"{type(max_seqlen_q).__name__} {max_seqlen_q!r}") from None
+    if not 1 <= seqlen <= _INT32_MAX:   # an int32 launch field: never wrapped
+        _fail("max_seqlen_q", f"an int in [1, {_INT32_MAX}]", repr(max_seqlen_q))
     _check_tensor(final_output, "final_output", torch.bfloat16, dev, False)
     if final_output.dim() != 3 or tuple(final_output.shape[1:]) != (H, V_HEAD_DIM):
         _fail("final_output", f"[total_q, H={H}, {V_HEAD_DIM}]", tuple(final_output.shape))
@@ -137,7 +145,7 @@ def prepare(partial_output, reduce_indptr, reduce_final_map, reduce_partial_map,
         reduce_partial_map=reduce_partial_map.data_ptr(), out_stride_s=so, out_stride_h=sh,
         out_stride_d=sd, lse_stride_s=ls, lse_stride_h=lh, num_partial_rows=po_shape[0],
         partial_map_len=reduce_partial_map.numel(), total_q=final_output.shape[0],
-        num_heads=po_shape[-2], num_tiles=reduce_indptr.numel() - 1, max_seqlen_q=max_seqlen_q,
+        num_heads=po_shape[-2], num_tiles=reduce_indptr.numel() - 1, max_seqlen_q=operator.index(max_seqlen_q),
         device=partial_output.device.index,
         error_record=errors.sink(partial_output.device.index).record_ptr if ask_errors else None)
     return Prepared(args, partial_output.device.index)
