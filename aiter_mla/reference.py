@@ -27,6 +27,7 @@ import torch
 
 from . import work_info
 from .arch import QK_HEAD_DIM, V_HEAD_DIM
+from .scalars import require_real
 
 __all__ = ["mla_decode_ref", "reduce_ref", "split_reference", "relative_l2"]
 
@@ -172,17 +173,6 @@ def _attend(qb: torch.Tensor, kv: torch.Tensor, key_pos: torch.Tensor, limit: to
 # public references
 
 
-def _check_sm_scale(sm_scale) -> None:
-    import math
-    import numbers
-
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
-        raise TypeError(f"sm_scale must be a float (e.g. 1/sqrt(576)), got "
-                        f"{type(sm_scale).__name__} {sm_scale!r}")
-    if not math.isfinite(sm_scale):
-        raise ValueError(f"sm_scale must be a finite number, got {sm_scale!r}")
-
-
 def mla_decode_ref(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, *,
                    sm_scale, q_scale=None, kv_scale=None, fp8_p=False):
     """Causal MLA decode attention in float64 (the golden reference).
@@ -213,7 +203,7 @@ def mla_decode_ref(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_
     Source: AITER ``op_tests/test_mla_persistent.py`` ``torch_mla_extend`` /
     ``ref_masked_attention`` (mask ``tril(diagonal=s_k - s_q)``, fp8 P), with real scales.
     """
-    _check_sm_scale(sm_scale)
+    require_real("sm_scale", sm_scale, example="1/sqrt(576)")
     pb = _Problem(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
                   q_scale, kv_scale)
     H = pb.num_heads

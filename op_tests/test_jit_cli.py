@@ -441,3 +441,14 @@ def test_list_shows_a_corrupt_extra_entry_as_corrupt(fake_jit, capsys):
     another toolchain) instead of damaged (fresh-user report)."""
     out = _list_after_damage(fake_jit, capsys, 5, "b")
     assert "[corrupt] extra   fake(arch=sm_90a, flavor=b, n=5)" in out, out
+
+
+def test_list_and_clear_survive_a_meta_json_that_is_not_an_object(fake_jit, capsys):
+    """A meta.json holding a list made `jit list` and `jit clear MODULE` exit 1 with
+    "'list' object has no attribute 'get'" (a review of the damage checks)."""
+    assert main(["jit", "build", "fake", *FAKE]) == 0
+    (meta,) = (fake_jit.root / "entries").glob("*/meta.json")
+    meta.write_text("[1, 2]")
+    capsys.readouterr()
+    assert main(["jit", "list"]) == 0
+    assert main(["jit", "clear", "fake"]) == 0

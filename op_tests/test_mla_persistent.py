@@ -1234,9 +1234,10 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
     # the scalars and the batch layout too (a fresh-user audit: sm_scale was never checked, so
     # NaN gave NaN output on a GPU; logit_cap='x' and nhead_kv='1' gave bare or contradictory
     # errors; a batch mismatch was named only on a GPU)
-    for kw, exc, text in ((dict(sm_scale="abc"), TypeError, "sm_scale must be a float .* got 'abc' \\(str\\)"),
+    for kw, exc, text in ((dict(sm_scale="abc"), TypeError, "sm_scale must be a float .* got str 'abc'"),
                           (dict(sm_scale=float("nan")), ValueError, "sm_scale must be a finite number, got nan"),
-                          (dict(logit_cap="x"), TypeError, "logit_cap must be a float .* got 'x'"),
+                          (dict(sm_scale=1e39), ValueError, "sm_scale must be a finite number within float32, got 1e\\+39"),
+                          (dict(logit_cap="x"), TypeError, "logit_cap must be a float, got str 'x'"),
                           (dict(nhead_kv="1"), TypeError, "nhead_kv must be an int, got '1' \\(str\\)"),
                           (dict(nhead_kv=2), NotImplementedError, "nhead_kv must be 1 .* got 2"),
                           (dict(final_lse=torch.empty(2, 16)), ValueError, "final_lse is given but return_lse is False")):
@@ -1246,6 +1247,8 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
         aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi[:2], idx, last, 1, page_size=16)
     with pytest.raises(ValueError, match="kv_last_page_lens must have batch = 2 entries, got 1"):
         aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last[:1], 1, page_size=16)
+    with pytest.raises(ValueError, match=r"must end in 576 .* kv_buffer \(4, 16, 1, 0\)"):   # not a ZeroDivisionError
+        aiter_mla.mla_decode_fwd(q, kv[..., :0], o, qo, kvi, idx, last, 1, page_size=16)
     with pytest.raises(ValueError, match="softmax_scale must be a finite number, got inf"):
         aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, wis, 1, float("inf"), split_o, split_l, o)
 

@@ -368,7 +368,7 @@ def test_reduce_rejects_cpu_tensors():
             b["reduce_partial_map"])
     with pytest.raises(ValueError, match="partial_output must be a CUDA tensor"):
         mla_reduce_v1(*args, np.int64(1), out, lse)
-    with pytest.raises(TypeError, match="max_seqlen_q must be an int, got float 1.0"):
+    with pytest.raises(TypeError, match=r"max_seqlen_q must be an int, got 1.0 \(float\)"):
         mla_reduce_v1(*args, 1.0, out, lse)
     with pytest.raises(ValueError, match=r"max_seqlen_q must be an int in \[1, 2147483647\], got 2147483648"):
         mla_reduce_v1(*args, 2**31, out, lse)

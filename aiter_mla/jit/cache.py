@@ -386,7 +386,7 @@ class Cache:
             if self.root.is_symlink() and not self.root.exists():
                 where = f": a symlink to the missing {os.readlink(self.root)}"
             # the second way out only where it is one: loads already serve read-only roots, and
-            # clear / gc write whatever AITER_MLA_DISABLE_JIT says
+            # clear / gc / fetch write whatever AITER_MLA_DISABLE_JIT says
             loads_only = "" if env.get_flag("AITER_MLA_DISABLE_JIT") or not for_loads else (
                 ", or AITER_MLA_DISABLE_JIT=1 to use only what the cache already holds")
             raise CacheNotWritableError(
@@ -532,6 +532,8 @@ class Cache:
                 try:
                     meta = json.loads((d / META).read_text())
                 except (OSError, ValueError):
+                    meta = None
+                if not isinstance(meta, dict):   # a list or a string: as unreadable
                     meta = None
                 size = sum(p.stat().st_size for p in d.iterdir() if p.is_file())
                 try:

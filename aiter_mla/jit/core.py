@@ -37,7 +37,7 @@ from .config import JitConfig, load_config, templates_dir
 from .loader import Module, ModuleLoadError
 from .render import describe, render
 from .toolchain import (BuildError, Compiler, ToolchainError, check_artifact, compiler_identity,
-                        find_compiler, run_compiler, save_version, toolchain_kinds)
+                        compiler_version, find_compiler, run_compiler, save_version, toolchain_kinds)
 
 
 class JitDisabledError(RuntimeError):
@@ -57,7 +57,9 @@ _reset_hooks: list = []   # callables reset_state() runs (on_reset)
 def _locks_after_fork() -> None:
     """In a forked child, fresh thread locks: a lock another thread of the parent held at the
     fork (a build in progress) would stay held in the child forever. The cross-process file
-    lock is not inherited, so the child waits on that one as any other process does."""
+    lock is another matter: the child takes its own and waits on it as any other process does
+    (only a parent SIGKILLed mid-build may leave it held until the child exits, where the child
+    inherited its descriptor)."""
     global _global_lock, _variant_locks
     _global_lock = threading.Lock()
     _variant_locks = {}
@@ -97,8 +99,9 @@ class _State:
     def compiler(self, arch: str) -> Compiler:
         """The compiler for ``arch``, found again when the file it resolved to changed since
         (a toolkit upgraded under a running server): a build must never record the old
-        compiler's identity in its key. One stat (and a script's head) per call; calls come
-        from builds and cold loads only."""
+        compiler's identity in its key. Per call, :func:`compiler_identity` (a stat and a
+        2-byte read; a wrapper script's head and the files it names); calls come from builds
+        and cold loads only."""
         got = self.compilers.get(arch)
         if got is not None:
             c, stamp = got
@@ -108,14 +111,20 @@ class _State:
             except OSError:
                 pass   # gone: find_compiler says what to do
         c = find_compiler(arch, self.cache.toolchains_dir)
-        self.compilers[arch] = (c, compiler_identity(c.path))
+        try:   # remembered only with the identity its version was probed for
+            stamp = compiler_identity(c.path)
+            if compiler_version(c.path, None) == c.version:
+                self.compilers[arch] = (c, stamp)
+        except OSError:
+            pass   # changing right now: found again next call
         return c
 
-    def writable_cache(self) -> Cache:
+    def writable_cache(self, for_loads: bool = True) -> Cache:
         """The first cache a build can write to; a read-only *default* root falls back to a
-        per-user temp root with a warning, a read-only ``AITER_MLA_CACHE_DIR`` is an error."""
+        per-user temp root with a warning, a read-only ``AITER_MLA_CACHE_DIR`` is an error
+        (``for_loads``: as :meth:`Cache.ensure_writable`)."""
         try:
-            self.cache.ensure_writable()
+            self.cache.ensure_writable(for_loads)
             return self.cache
         except CacheNotWritableError as exc:
             if self.cache.explicit:
@@ -325,8 +334,8 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
                            f"toolchain ({tc.get('kind')} at {tc.get('path')}: {version!r}) is "
                            f"there, which is used only where no compiler is found")
         raise _disabled_error(name, plan.params, f"(key {key[:16]}...) {state_text}")
-    try:
-        cache = state.writable_cache()
+    try:   # a damaged entry is not served without a rebuild: offer no AITER_MLA_DISABLE_JIT
+        cache = state.writable_cache(for_loads=not isinstance(got, Corrupt))
     except CacheNotWritableError as exc:
         if isinstance(got, Corrupt):   # say why a build was needed at all
             raise CacheNotWritableError(f"{variant} is damaged in the cache ({got.reason}) and "

@@ -191,7 +191,7 @@ def _git_rev_parse(path: Path) -> str | None:
 def fetch(pin: ThirdPartyPin, cache: Cache) -> Checkout:
     """Clone ``pin`` into the cache (see module doc) and return the verified checkout.
     Idempotent: a complete copy is returned as is. Raises :class:`ThirdPartyError`."""
-    cache.ensure_writable()
+    cache.ensure_writable(for_loads=False)
     final = cache_checkout_dir(pin, cache)
     key = _lock_key(pin)
     with cache.lock(key, f"fetch of {pin.name} at {pin.commit}"):

@@ -41,14 +41,13 @@ from __future__ import annotations
 
 import ctypes
 import math
-import numbers
-import operator
 from typing import Optional
 
 import torch
 
 from .. import arch
 from ..arch import QK_HEAD_DIM, V_HEAD_DIM
+from ..scalars import require_int, require_real
 from ..work_info import KERNEL_DTYPES, WORK_INFO_INTS
 from . import errors, launch, metadata, reduce
 from .launch import raw_stream
@@ -76,8 +75,8 @@ def is_supported_shape(num_heads: int, max_seqlen_q: int) -> bool:
     """Whether the decode kernels take ``num_heads`` q heads (per KV head) at q length
     ``max_seqlen_q``: 1..arch.MAX_HEADS and 1..arch.MAX_SEQLEN_Q. TypeError for a non-int
     (bools and floats included), as :func:`decode_variant`."""
-    num_heads = _require_int("num_heads", num_heads)
-    max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
+    num_heads = require_int("num_heads", num_heads)
+    max_seqlen_q = require_int("max_seqlen_q", max_seqlen_q)
     return 1 <= num_heads <= arch.MAX_HEADS and 1 <= max_seqlen_q <= arch.MAX_SEQLEN_Q
 
 #: torch dtype -> template name. q and kv must be the same (fp8/fp8 or bf16/bf16).
@@ -102,7 +101,7 @@ def mainloop_for(dtype: str, rows: int) -> str:
     TypeError for a non-int ``rows``."""
     if dtype not in KERNEL_DTYPES.values():
         raise ValueError(f"dtype must be one of {sorted(KERNEL_DTYPES.values())}, got {dtype!r}")
-    rows = _require_int("rows", rows)
+    rows = require_int("rows", rows)
     if not 1 <= rows <= arch.MAX_ROWS:
         raise ValueError(f"rows must be heads x qlen in 1..{arch.MAX_ROWS}, got {rows}")
     if dtype == "bf16":
@@ -150,29 +149,6 @@ def _supported_text() -> str:
             f"q/kv dtypes: fp8 e4m3fn/fp8 e4m3fn or bf16/bf16; page_size: a power of two in 1..256")
 
 
-def _require_scale(name: str, value) -> float:
-    """``value`` as a float: a real number (numpy's too; not a bool or a string), finite. Any
-    sign works (the kernel masks and scales exactly for either), as in the reference. TypeError /
-    ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float (e.g. 1/sqrt(576)), got {value!r} "
-                        f"({type(value).__name__})")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
-
-
-def _require_int(name: str, value) -> int:
-    """``value`` as an int; bools, floats, strings, None and tensors that are not one integer
-    element are refused (TypeError naming it)."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    try:
-        return operator.index(value)
-    except TypeError:   # a float or many-element tensor has __index__ but refuses it
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})") from None
-
-
 def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: torch.dtype,
                    kv_dtype: torch.dtype, *, target: str = "sm_90a") -> dict:
     """The ``mla_decode`` template parameters for a problem shape (the JIT variant) on
@@ -189,9 +165,9 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
     """
     if target != "sm_90a":
         return amd_decode_variant(num_heads, max_seqlen_q, page_size, q_dtype, kv_dtype, target=target)
-    num_heads = _require_int("num_heads", num_heads)
-    max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
-    page_size = _require_int("page_size", page_size)
+    num_heads = require_int("num_heads", num_heads)
+    max_seqlen_q = require_int("max_seqlen_q", max_seqlen_q)
+    page_size = require_int("page_size", page_size)
     key = (num_heads, max_seqlen_q)
     for name, value in (("num_heads", num_heads), ("max_seqlen_q", max_seqlen_q)):
         if value < 1:
@@ -235,9 +211,9 @@ def amd_decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtyp
     if target not in AMD_FP8:
         raise ValueError(f"target must be an AMD target ({' or '.join(AMD_FP8)}; sm_90a's "
                          f"parameters are decode_variant's), got {target!r}")
-    num_heads = _require_int("num_heads", num_heads)
-    max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
-    page_size = _require_int("page_size", page_size)
+    num_heads = require_int("num_heads", num_heads)
+    max_seqlen_q = require_int("max_seqlen_q", max_seqlen_q)
+    page_size = require_int("page_size", page_size)
     block_m = arch.amd_tile_rows(num_heads, max_seqlen_q, target)
     want, name = AMD_FP8[target]
     for arg, dt in (("q_dtype", q_dtype), ("kv_dtype", kv_dtype)):
@@ -268,7 +244,7 @@ def launch_grid_x(params: dict, clusters: int) -> int:
     Returns an int in [1, clusters]. Raises KeyError when ``params`` lacks mainloop / block_m,
     TypeError / ValueError when ``clusters`` is not an int >= 1.
     """
-    clusters = _require_int("clusters", clusters)
+    clusters = require_int("clusters", clusters)
     if clusters < 1:
         raise ValueError(f"clusters must be >= 1, got {clusters}")
     if params["mainloop"] == "warpgroup_works":
@@ -390,7 +366,7 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
         raise ValueError(f"kv_buffer must start at a 16-byte aligned address (its rows are read in "
                          f"16-byte units), got data_ptr() % 16 = {kv_buffer.data_ptr() % 16}")
     page_size = int(kv_buffer.shape[1])
-    max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
+    max_seqlen_q = require_int("max_seqlen_q", max_seqlen_q)
     if params is None:
         params = decode_variant(num_heads, max_seqlen_q, page_size, query.dtype, kv_buffer.dtype)
     _check_tensor(final_output, "final_output", torch.bfloat16, device, dim=3)
@@ -525,6 +501,8 @@ def _prepare(query, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
              q_scale, kv_scale, final_lse, params=None, clusters=None) -> Prepared:
     """Check a call (``_validate``, skipped during CUDA-graph capture) and fill its launch.
     RuntimeError when a variant never launched is first used inside a capture."""
+    # before anything that may build or load a module: a bad scale is named first
+    softmax_scale = require_real("softmax_scale", softmax_scale, float32=True)
     device = query.device
     capturing = _capturing(device)
     if not capturing:
@@ -566,7 +544,7 @@ def _prepare(query, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
         split_tokens=split_output.numel() // (num_heads * V_HEAD_DIM),
         error_claim=sink.claim_ptr, error_record=sink.record_ptr, reduce_launch=None,
         reduce_args=None, arrivals=None, reduce_indptr=None, reduce_partial_map=None,
-        reduce_indptr_len=0, partial_map_len=0, sm_scale=_require_scale("softmax_scale", softmax_scale), num_heads=num_heads, num_clusters=clusters,
+        reduce_indptr_len=0, partial_map_len=0, sm_scale=softmax_scale, num_heads=num_heads, num_clusters=clusters,
         grid_x=launch_grid_x(params, clusters), num_batches=qo_indptr.numel() - 1,
         total_q=int(query.shape[0]), max_seqlen_q=max_seqlen_q, device=index)
     p.addr = ctypes.addressof(p.args)
@@ -689,7 +667,7 @@ def _hk_decode(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_
                work_indptr, work_info_set, max_seqlen_q, softmax_scale, split_output, split_lse,
                final_output, q_scale, kv_scale, final_lse) -> None:
     if isinstance(query, torch.Tensor) and not query.is_cuda:   # the device-free checks first,
-        _require_scale("softmax_scale", softmax_scale)   # (on CUDA: _prepare's)
+        require_real("softmax_scale", softmax_scale, float32=True)   # (on CUDA: _prepare's)
         _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens,
                   work_indptr, work_info_set, max_seqlen_q, split_output, split_lse,
                   final_output, q_scale, kv_scale, final_lse)   # then its own device check
@@ -854,17 +832,17 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
         raise ValueError(f"q must be a [total_q, num_heads, {QK_HEAD_DIM}] tensor, got {tuple(q.shape)}")
     if kv_buffer.dim() != 4:
         raise ValueError(f"kv_buffer must be [num_pages, page_size, 1, {QK_HEAD_DIM}], got {tuple(kv_buffer.shape)}")
-    if logit_cap is not None and _require_scale("logit_cap", logit_cap) > 0:
+    if logit_cap is not None and require_real("logit_cap", logit_cap) > 0:
         raise NotImplementedError(f"logit_cap must be <= 0 (soft-capping is not supported), got {logit_cap}")
-    if _require_int("nhead_kv", nhead_kv) != 1:
+    if require_int("nhead_kv", nhead_kv) != 1:
         raise NotImplementedError(f"nhead_kv must be 1 (MLA has one latent KV head), got {nhead_kv!r}")
-    sm_scale = (1.0 / math.sqrt(int(kv_buffer.shape[3])) if sm_scale is None
-                else _require_scale("sm_scale", sm_scale))
+    sm_scale = (_DEFAULT_SM_SCALE if sm_scale is None
+                else require_real("sm_scale", sm_scale, example="1/sqrt(576)", float32=True))
     if kv_buffer.shape[2] != 1:
         raise NotImplementedError(f"kv_buffer.shape[2] (KV heads) must be 1 (MLA has one latent KV head), "
                                   f"got {kv_buffer.shape[2]}")
-    page_size = _require_int("page_size", page_size)
-    max_seqlen_q = _require_int("max_seqlen_q", max_seqlen_q)
+    page_size = require_int("page_size", page_size)
+    max_seqlen_q = require_int("max_seqlen_q", max_seqlen_q)
     if page_size != int(kv_buffer.shape[1]):
         raise ValueError(f"page_size={page_size} does not match kv_buffer.shape[1]={kv_buffer.shape[1]}")
     total_q, num_heads = int(q.shape[0]), int(q.shape[1])

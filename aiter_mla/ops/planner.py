@@ -9,26 +9,19 @@ whatever the engine writes into its index tensors before the replay.
 """
 from __future__ import annotations
 
-import math
-import operator
 from typing import Optional
 
 import torch
 
 from ..arch import V_HEAD_DIM
+from ..scalars import require_int, require_real
 from . import decode, metadata
 
 __all__ = ["MlaDecodePlanner"]
 
 
 def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"MlaDecodePlanner: {name} must be an int, got bool {value!r}")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"MlaDecodePlanner: {name} must be an int, got {type(value).__name__} "
-                        f"{value!r}") from None
+    v = require_int(f"MlaDecodePlanner: {name}", value)
     if v < 1:
         raise ValueError(f"MlaDecodePlanner: {name} must be an int >= 1, got {value!r}")
     return v
@@ -69,12 +62,9 @@ class MlaDecodePlanner:
         self.max_num_pages = _positive_int("max_num_pages", max_num_pages)
         self.page_size = _positive_int("page_size", page_size)
         self.max_seqlen_q = _positive_int("max_seqlen_q", max_seqlen_q)
-        if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
-            raise TypeError(f"MlaDecodePlanner: sm_scale must be a float, got {type(sm_scale).__name__} "
-                            f"{sm_scale!r}")
-        if not (math.isfinite(sm_scale) and sm_scale > 0):
-            raise ValueError(f"MlaDecodePlanner: sm_scale must be a finite float > 0, got {sm_scale!r}")
-        self.sm_scale = float(sm_scale)
+        self.sm_scale = require_real("MlaDecodePlanner: sm_scale", sm_scale, float32=True)
+        if self.sm_scale <= 0:   # a planner is for a model: its scale is positive
+            raise ValueError(f"MlaDecodePlanner: sm_scale must be > 0, got {sm_scale!r}")
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"MlaDecodePlanner: dtype must be a torch.dtype (torch.bfloat16 or "
                             f"torch.float8_e4m3fn), got {type(dtype).__name__} {dtype!r}")

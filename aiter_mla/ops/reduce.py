@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from ..arch import V_HEAD_DIM
+from ..scalars import require_int
 from . import errors, launch
 from .launch import raw_stream
 
@@ -93,13 +94,9 @@ def _check(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_
             _fail("reduce_final_map", f"[>= tiles={tiles}, 2] (q_start, q_end)",
                   tuple(reduce_final_map.shape))
     _check_tensor(reduce_partial_map, "reduce_partial_map", torch.int32, dev, True)
-    try:   # numpy ints too; bools, floats and many-element tensors are refused
-        if isinstance(max_seqlen_q, bool):
-            raise TypeError
-        seqlen = operator.index(max_seqlen_q)
-    except TypeError:
-        raise TypeError(f"mla_reduce_v1: max_seqlen_q must be an int, got "
-                        f"{type(max_seqlen_q).__name__} {max_seqlen_q!r}") from None
+    if isinstance(max_seqlen_q, torch.Tensor):   # its value would cost a host sync (and fail in capture)
+        raise TypeError(f"mla_reduce_v1: max_seqlen_q must be an int, got a tensor {max_seqlen_q!r}")
+    seqlen = require_int("mla_reduce_v1: max_seqlen_q", max_seqlen_q)   # numpy ints too
     if not 1 <= seqlen <= _INT32_MAX:   # an int32 launch field: never wrapped
         _fail("max_seqlen_q", f"an int in [1, {_INT32_MAX}]", repr(max_seqlen_q))
     _check_tensor(final_output, "final_output", torch.bfloat16, dev, False)
