@@ -451,4 +451,6 @@ def test_list_and_clear_survive_a_meta_json_that_is_not_an_object(fake_jit, caps
     meta.write_text("[1, 2]")
     capsys.readouterr()
     assert main(["jit", "list"]) == 0
+    out = capsys.readouterr().out   # named as damaged, not left out
+    assert f"1 damaged entry whose meta.json is unreadable" in out and meta.parent.name[:12] in out
     assert main(["jit", "clear", "fake"]) == 0

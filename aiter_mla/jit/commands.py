@@ -438,8 +438,11 @@ def cmd_list(args) -> int:
                                     "key": detail if is_key else None,
                                     "note": None if is_key else detail})
         rows.append(mod)
+    unreadable = []   # entries whose meta.json names no module: damaged, listed at the end
     for e in st.cache.entries():  # cached non-default variants (and other toolchains)
         meta = e["meta"] or {}
+        if e["meta"] is None and e["key"] not in listed:
+            unreadable.append(e["key"])
         if e["key"] in listed or meta.get("module") not in cfg.modules:
             continue
         for mod in rows:
@@ -499,7 +502,8 @@ def cmd_list(args) -> int:
         print("\n".join(lines.values()))
         return rc
     if args.json:
-        print(json.dumps({"cache_root": str(st.cache.root), "modules": rows}, indent=1))
+        print(json.dumps({"cache_root": str(st.cache.root), "modules": rows,
+                          "unreadable_entries": unreadable}, indent=1))
         return rc
     print(f"cache root: {st.cache.root}")
     for mod in rows:
@@ -516,6 +520,11 @@ def cmd_list(args) -> int:
             key = (v["key"] or "")[:12]
             note = f"  ({v['note']})" if v["note"] else ""
             print(f"  [{v['status']:>7}] {tag} {describe(mod['module'], v['params'])} {key}{note}")
+    if unreadable:
+        print(f"\n{len(unreadable)} damaged entr{'y' if len(unreadable) == 1 else 'ies'} whose "
+              f"meta.json is unreadable (module unknown; its variant is rebuilt when next loaded, "
+              f"and 'aiter-mla jit clear --all' removes every entry): "
+              f"{', '.join(k[:12] for k in unreadable)}")
     return rc
 
 
