@@ -69,19 +69,25 @@ def tile_rows(num_heads: int, max_seqlen_q: int) -> int:
 FEW_ROWS = 32
 
 
-def occupancy(num_heads: int, max_seqlen_q: int, *, target: str = "sm_90a") -> int:
+def occupancy(num_heads: int, max_seqlen_q: int, *, target: str = "sm_90a",
+              kv_dtype: str | None = None) -> int:
     """Work lists per multiprocessor (CU) on ``target``: 2 for the m16x4 tile (heads x qlen ==
     64) when ``AITER_ENABLE_EXPERIMENTAL`` is non-zero (AITER #3072 / #3391
     ``get_mla_decode_fwd_occupancy``; on AMD only gfx950 has that tile); on sm_90a also 2 for
-    the padded shapes of at most ``FEW_ROWS`` rows ((16,1), (32,1), (16,2); ours, not AITER's:
-    their fp8 loop runs a work list per consumer warpgroup, and the other loops run the second
-    list as a second CTA); else 1. ValueError for a ``target`` not in ``ARCHS``."""
+    the padded shapes of at most ``FEW_ROWS`` rows ((16,1), (32,1), (16,2); ours, not AITER's)
+    unless ``kv_dtype`` is ``"bf16"``: fp8's loop there runs a work list per consumer
+    warpgroup, while bf16's ``alternating`` would run the second list as a second CTA, and one
+    CTA fills an SM (two waves, and twice the KV splits); else 1. ``kv_dtype``: the decode's
+    dtype name (``"fp8"``, ``"bf16"``) or None (fp8's count). ValueError for a ``target`` not in
+    ``ARCHS`` or another ``kv_dtype``."""
     _check_target(target)
+    if kv_dtype not in (None, "fp8", "bf16"):
+        raise ValueError(f"kv_dtype must be 'fp8', 'bf16' or None, got {kv_dtype!r}")
     rows = num_heads * max_seqlen_q
     if target in AMD_ARCHS:
         return 2 if target == "gfx950" and rows <= 64 and is_experimental_enabled() else 1
     if rows <= FEW_ROWS:
-        return 2
+        return 1 if kv_dtype == "bf16" else 2
     if rows == 64 and is_experimental_enabled():
         return 2
     return 1
@@ -157,9 +163,10 @@ def ctas_per_work(num_heads: int, max_seqlen_q: int, *, target: str = "sm_90a") 
 
 
 def num_clusters(num_heads: int, max_seqlen_q: int, num_heads_k: int = 1, device=None, *,
-                 cu: int | None = None, target: str = "sm_90a") -> int:
+                 cu: int | None = None, target: str = "sm_90a", kv_dtype: str | None = None) -> int:
     """Number of persistent work lists: ``num_CU x occupancy / (ctas_per_work x num_heads_k)``,
-    num_CU = ``cu`` when given (planning for a GPU that is not here), else :func:`num_cu`.
+    num_CU = ``cu`` when given (planning for a GPU that is not here), else :func:`num_cu`;
+    ``kv_dtype`` as :func:`occupancy` (the decode's dtype name, or None).
 
     Source: AITER ``get_mla_metadata_v1_2_device`` (#3072): num_CU x occupancy / num_heads_k.
     Ours divides by ``ctas_per_work`` too: a 128-row work runs on two CTAs at once, so an H200
@@ -180,7 +187,8 @@ def num_clusters(num_heads: int, max_seqlen_q: int, num_heads_k: int = 1, device
         raise ValueError(f"cu must be >= 1, got {cu}")
     _check_target(target)
     per_work = ctas_per_work(num_heads, max_seqlen_q, target=target)   # checks the shape first
-    lists = (num_cu(device) if cu is None else cu) * occupancy(num_heads, max_seqlen_q, target=target)
+    lists = (num_cu(device) if cu is None else cu) * occupancy(num_heads, max_seqlen_q, target=target,
+                                                               kv_dtype=kv_dtype)
     return max(1, lists // (per_work * num_heads_k))
 
 

@@ -45,6 +45,11 @@ FUSED_MERGE_MAX_PIECES = 2
 KERNEL_DTYPES = {"float8_e4m3fn": "fp8", "bfloat16": "bf16"}
 
 
+def kernel_dtype_name(dtype) -> str | None:
+    """``"fp8"`` / ``"bf16"`` for a torch dtype the decode kernels take (or its name), else None."""
+    return KERNEL_DTYPES.get(str(dtype).removeprefix("torch."))
+
+
 #: What the decode kernel checks on the device and reports in the error record
 #: (``ops/errors.py`` turns a record into a ValueError; templates/common/aiter_mla_errors.cuh
 #: writes it; the decode kernel checks all but "slot_mapping", which the cache-append kernel

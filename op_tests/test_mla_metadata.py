@@ -707,6 +707,37 @@ def test_metadata_cli_default_clusters_follow_occupancy(capsys, monkeypatch):
     for heads, want in ((16, 264), (64, 132), (128, 66)):
         assert main(["metadata", "--batch", "4", "--ctx", "8192", "--heads", str(heads), "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["num_clusters"] == want
+    # bf16 runs <= 32 rows as one list per SM (alternating: one CTA fills an SM)
+    for heads, want in ((16, 132), (64, 132), (128, 66)):
+        assert main(["metadata", "--batch", "4", "--ctx", "8192", "--heads", str(heads), "--dtype",
+                     "bf16", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["num_clusters"] == want
+
+
+def test_work_lists_follow_the_decode_dtype_at_few_rows(monkeypatch):
+    """At <= 32 rows fp8's warpgroup_works runs a list per consumer warpgroup (2 a CU) and
+    bf16's alternating one per CTA, of which one fits an SM: bf16 plans 1 a CU (264 lists ran
+    as two waves and split every batch twice as often). The sizes follow the dtype the plan is
+    for; above 32 rows the dtypes agree."""
+    monkeypatch.setenv("CU_NUM", "132")
+    monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", "0")
+    for heads, qlen in ((16, 1), (32, 1), (16, 2)):
+        assert arch.occupancy(heads, qlen, kv_dtype="fp8") == arch.occupancy(heads, qlen) == 2
+        assert arch.occupancy(heads, qlen, kv_dtype="bf16") == 1
+        assert arch.num_clusters(heads, qlen, kv_dtype="bf16") == 132
+        assert arch.num_clusters(heads, qlen, kv_dtype="fp8") == 264
+    for heads, qlen in ((64, 1), (128, 1), (128, 2)):
+        assert arch.num_clusters(heads, qlen, kv_dtype="bf16") == arch.num_clusters(heads, qlen, kv_dtype="fp8")
+    with pytest.raises(ValueError, match="kv_dtype must be 'fp8', 'bf16' or None, got 'fp16'"):
+        arch.occupancy(16, 1, kv_dtype="fp16")
+    bf16, fp8 = torch.bfloat16, torch.float8_e4m3fn
+
+    def indptr_len(q_dtype, kv_dtype):   # work_indptr: [num_clusters + 1]
+        return md.get_mla_metadata_info_v1(8, 1, 16, q_dtype, kv_dtype)[1][0][0]
+
+    assert indptr_len(bf16, bf16) == 133 and indptr_len(None, bf16) == 133 and indptr_len(bf16, None) == 133
+    assert indptr_len(fp8, fp8) == 265 and indptr_len(None, None) == 265
+    assert indptr_len(bf16, fp8) == 265   # AITER's bf16 q with fp8 KV: the KV decides
 
 
 # ------------------------------------------------------------------------------------------

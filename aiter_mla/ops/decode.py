@@ -48,7 +48,7 @@ import torch
 from .. import arch
 from ..arch import QK_HEAD_DIM, V_HEAD_DIM
 from ..scalars import require_int, require_real
-from ..work_info import KERNEL_DTYPES, WORK_INFO_INTS
+from ..work_info import KERNEL_DTYPES, WORK_INFO_INTS, kernel_dtype_name
 from . import errors, launch, metadata, reduce
 from .launch import raw_stream
 
@@ -399,7 +399,7 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
     if device.type != "cuda":
         raise ValueError(f"query must be a CUDA tensor, got one on {device}")
     if clusters is None:
-        clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device)
+        clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device, kv_dtype=params["kv_dtype"])
     _check_plan(work_info_set, work_indptr, num_heads, max_seqlen_q, page_size, batch, clusters)
     _check_indptr_len(work_indptr, clusters)
     return params, clusters
@@ -516,7 +516,7 @@ def _prepare(query, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
         params = decode_variant(num_heads, max_seqlen_q, int(kv_buffer.shape[1]), query.dtype,
                                 kv_buffer.dtype)
     if clusters is None:
-        clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device)
+        clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device, kv_dtype=params["kv_dtype"])
         _check_indptr_len(work_indptr, clusters)   # the one check the kernel's reads depend on
     index = device.index if device.index is not None else torch.cuda.current_device()
     module, fn = _entry_points.get(tuple(params.items()), index)
@@ -873,7 +873,8 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
     if work_meta_data is None:
         # get_mla_metadata_info_v1 + get_mla_metadata_v1 with this call's work-list count (the
         # info's other checks hold by decode_variant: supported heads x qlen and dtypes).
-        clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device)
+        clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device,
+                                     kv_dtype=kernel_dtype_name(kv_buffer.dtype))
         info = metadata._buffer_specs(qo_indptr.numel() - 1, clusters)   # batch >= 1: checked above
         (work_meta_data, work_indptr, work_info_set, reduce_indptr, reduce_final_map,
          reduce_partial_map) = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in info]

@@ -67,7 +67,7 @@ from .metadata_reference import (
     reference_schedule,
     to_buffers,
 )
-from ..work_info import KERNEL_DTYPES, WORK_INFO_INTS
+from ..work_info import KERNEL_DTYPES, WORK_INFO_INTS, kernel_dtype_name
 
 __all__ = [
     "default_kv_granularity",
@@ -132,8 +132,8 @@ def _kernel_dtypes() -> frozenset:
 def _check_dtype_args(**dtypes) -> None:
     """Each given dtype is None or one the decode kernels take (``work_info.KERNEL_DTYPES``,
     the dtypes of ``decode.SUPPORTED_DTYPES``): TypeError for a non-dtype, ValueError otherwise.
-    A pair the decode does not take (fp8 with bf16) passes: the schedule does not depend on the
-    dtypes, AITER's callers plan bf16 q with fp8 KV, and the decode refuses the pair itself."""
+    A pair the decode does not take (fp8 with bf16) passes: AITER's callers plan bf16 q with fp8
+    KV, the plan follows the KV's dtype (``_plan_dtype``), and the decode refuses the pair."""
     import torch
 
     for name, dtype in dtypes.items():
@@ -165,8 +165,11 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     One qo tile per batch, of ``num_head_qo * max_seqlen_qo`` <= 2048 rows (``arch.MAX_ROWS``;
     the decode runs a tile's 64-row blocks side by side, so C counts them). The decode op's
     partial buffers need ``entries * max_seqlen_qo`` token rows. ``q_dtype``, ``kv_dtype`` and
-    ``num_kv_splits`` do not change the sizes (AITER uses them for gfx950-only shapes and for
-    intra-batch mode).
+    ``num_kv_splits`` does not change the sizes; the dtypes do at <= 32 rows (heads x q length):
+    bf16 plans one work list per multiprocessor there, fp8 two (``arch.occupancy``; the KV's
+    dtype decides, else q's, and with neither, fp8's count), so plan with the dtypes the decode
+    will run (``get_mla_metadata_v1``'s ``dtype_q`` / ``dtype_kv``); a plan for the other count
+    is refused by the decode by name (``work_indptr``'s length).
 
     Source: AITER ``aiter/ops/attention.py`` (fast mode); the bounds are proven in this module's
     docstring and tighter than AITER's only where AITER over-counts qo tiles.
@@ -190,7 +193,16 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     batch_size = int(batch_size)   # numpy integers pass check_int; the shapes hold Python ints
     check_scalars(num_heads=num_head_qo, num_clusters=1, page_size=1, kv_granularity=1,
                   max_seqlen_qo=max_seqlen_qo, max_split_per_batch=-1, names={"num_heads": "num_head_qo"})
-    return _buffer_specs(batch_size, _arch.num_clusters(num_head_qo, max_seqlen_qo))
+    return _buffer_specs(batch_size, _arch.num_clusters(num_head_qo, max_seqlen_qo,
+                                                        kv_dtype=_plan_dtype(q_dtype, kv_dtype)))
+
+
+def _plan_dtype(q_dtype, kv_dtype) -> str | None:
+    """The decode dtype a plan is for (``"fp8"`` / ``"bf16"``: the work-list count of the
+    shapes of at most 32 rows depends on it, ``arch.occupancy``): the KV's, else q's, else
+    None (fp8's count)."""
+    return kernel_dtype_name(kv_dtype if kv_dtype is not None else q_dtype) if (
+        kv_dtype is not None or q_dtype is not None) else None
 
 
 def _buffer_specs(batch_size: int, nc: int) -> list:
@@ -354,7 +366,8 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     batch among short ones is still cut into several pieces); negative (the default) for no cap. ``max_seqlen_qo`` (or ``uni_seqlen_qo`` when it is -1)
     must be given: reading it from ``qo_indptr`` would need a host sync. ``is_causal`` is
     accepted and unused (as in AITER's v1_2): the decode's mask follows the q length (causal
-    above 1, :func:`aiter_mla.ops.decode.mla_decode_fwd`), whatever it says. ``dtype_q``/``dtype_kv`` are recorded only.
+    above 1, :func:`aiter_mla.ops.decode.mla_decode_fwd`), whatever it says. ``dtype_q``/``dtype_kv`` set the work-list count at <= 32 rows (bf16: one list per
+    multiprocessor, fp8 or None: two; ``get_mla_metadata_info_v1``'s note), nothing else.
 
     On a CUDA device: one launch of the JIT kernel on the current stream; no host
     synchronisation, so it can be captured in a CUDA graph. The host checks only shapes,
@@ -478,7 +491,8 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
                   page_size=page_size, kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
                   max_split_per_batch=max_split_per_batch, names={"num_heads": "num_heads_per_head_k"})
     nc = num_clusters if num_clusters is not None else _arch.num_clusters(
-        num_heads, max_seqlen_qo, num_heads_k, device=device if device.type == "cuda" else None)
+        num_heads, max_seqlen_qo, num_heads_k, device=device if device.type == "cuda" else None,
+        kv_dtype=_plan_dtype(dtype_q, dtype_kv))
     nsplit = num_splits_for(nc, max_split_per_batch, nb)
 
     def sizing() -> str:

@@ -90,9 +90,9 @@ def build(args):
     if clusters is None:
         try:
             try:
-                clusters = arch.num_clusters(args.heads, max_q)
-            except RuntimeError:
-                clusters = arch.num_clusters(args.heads, max_q, cu=132)   # an H200: no GPU here, CU_NUM unset
+                clusters = arch.num_clusters(args.heads, max_q, kv_dtype=args.dtype)
+            except RuntimeError:   # an H200: no GPU here, CU_NUM unset
+                clusters = arch.num_clusters(args.heads, max_q, cu=132, kv_dtype=args.dtype)
         except ValueError as exc:   # heads x qlen past the kernels' rows: a flag value
             raise CommandLineError(str(exc)) from None
     qo, kv, lpl = [0], [0], []
@@ -226,8 +226,12 @@ def register(subparsers) -> None:
                    help="pages per cost block (default max(1, 64 // page_size), as the decode op)")
     p.add_argument("--clusters", type=int, default=None,
                    help="work lists (default: aiter_mla.arch.num_clusters for the GPU or CU_NUM, "
-                        "an H200's 132 SMs if neither: 264 for <= 32 rows (heads x qlen), 132 up to 64, "
-                        "then 132 // the 64-row blocks: 66 at 128 rows, 33 at 256, 4 at 2048)")
+                        "an H200's 132 SMs if neither: 264 for <= 32 rows (heads x qlen) in fp8, 132 "
+                        "in bf16 and up to 64 rows, then 132 // the 64-row blocks: 66 at 128 rows, "
+                        "33 at 256, 4 at 2048)")
+    p.add_argument("--dtype", choices=("fp8", "bf16"), default="fp8",
+                   help="the decode's dtype (q and KV), which sets the default --clusters at "
+                        "<= 32 rows (default fp8)")
     p.add_argument("--max-split-per-batch", type=int, default=-1,
                    help="caps the split count at this x --batch, as AITER's max_split_per_batch "
                         "(default -1: no cap)")
