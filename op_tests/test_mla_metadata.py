@@ -714,6 +714,26 @@ def test_metadata_cli_default_clusters_follow_occupancy(capsys, monkeypatch):
         assert json.loads(capsys.readouterr().out)["num_clusters"] == want
 
 
+@pytest.mark.parametrize("heads", [1, 8, 16, 32, 48, 64, 100, 128])
+@pytest.mark.parametrize("qlen", [1, 2, 4, 16])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.bfloat16])
+def test_decode_grid_is_one_wave(monkeypatch, heads, qlen, dtype):
+    """Every sm_90a loop fits one CTA an SM (384 threads at 168 registers: 64,512 of 65,536), so
+    a launch of more CTAs than SMs runs a second wave: the schedule's lists are sized so that the
+    grid (grid_x columns of CTAs-per-work CTAs) is at most the SM count. bf16 at <= 32 rows
+    launched 264 CTAs on 132 SMs."""
+    from aiter_mla.ops import decode
+
+    monkeypatch.setenv("CU_NUM", "132")
+    monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", "0")   # AITER's knob doubles the 64-row lists
+    if heads * qlen > arch.MAX_ROWS:
+        return
+    params = decode.decode_variant(heads, qlen, 64, dtype, dtype)
+    lists = arch.num_clusters(heads, qlen, kv_dtype=params["kv_dtype"])
+    ctas = decode.launch_grid_x(params, lists) * arch.ctas_per_work(heads, qlen)
+    assert ctas <= 132, (heads, qlen, dtype, params["mainloop"], lists, ctas)
+
+
 def test_work_lists_follow_the_decode_dtype_at_few_rows(monkeypatch):
     """At <= 32 rows fp8's warpgroup_works runs a list per consumer warpgroup (2 a CU) and
     bf16's alternating one per CTA, of which one fits an SM: bf16 plans 1 a CU (264 lists ran
