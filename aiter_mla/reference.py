@@ -36,11 +36,16 @@ __all__ = ["mla_decode_ref", "reduce_ref", "split_reference", "relative_l2"]
 # input handling
 
 
-def _int_list(t, name: str) -> list[int]:
+def _int_list(t, name: str, ndim: int = 1) -> list[int]:
+    """The values of an int32 / int64 tensor of ``ndim`` dimensions, flattened."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if t.is_meta:
+        raise ValueError(f"{name} must hold values (a CPU or CUDA tensor), got a meta tensor")
     return [int(v) for v in t.reshape(-1).tolist()]
 
 
@@ -92,7 +97,10 @@ class _Problem:
                                                                                  torch.int64):
             raise TypeError(f"kv_indices must be an int32/int64 tensor, got "
                             f"{getattr(kv_indices, 'dtype', type(kv_indices).__name__)}")
-        self.indices = kv_indices.reshape(-1).to(device="cpu", dtype=torch.int64)
+        if kv_indices.dim() != 1 or kv_indices.is_meta:
+            raise ValueError(f"kv_indices must be a 1-D CPU or CUDA tensor, got shape "
+                             f"{tuple(kv_indices.shape)} on {kv_indices.device}")
+        self.indices = kv_indices.to(device="cpu", dtype=torch.int64)
         self.last = _int_list(kv_last_page_lens, "kv_last_page_lens")
         self.batch = len(self.qo) - 1
         if self.batch < 0 or len(self.kvp) != len(self.qo):
@@ -253,7 +261,10 @@ def reduce_ref(partial_output, partial_lse, reduce_indptr, reduce_final_map, red
         w_i = exp(lse_i - M), out = sum w_i o_i / sum w_i, lse = M + ln sum w_i; all lse_i
         -inf: out 0, lse +inf. Tiles with < 2 entries are left as the bases.
 
-    Raises ValueError naming the argument when an index points outside its buffer.
+    Raises TypeError for a non-integer index tensor, and ValueError naming the argument
+    when an index points outside its buffer, reduce_indptr decreases, a tile's q_end is
+    below its q_start, an index tensor has the wrong number of dimensions, or
+    final_output / final_lse do not match partial_output's heads and width.
 
     Source: AITER ``csrc/kernels/mla/reduce.cu`` semantics and the test's
     ``torch_mla_reduce_v1`` (there computed sequentially with running rescale).
@@ -264,22 +275,37 @@ def reduce_ref(partial_output, partial_lse, reduce_indptr, reduce_final_map, red
     if partial_lse.numel() != N * H:
         raise ValueError(f"partial_lse must hold N*H={N * H} values, got {partial_lse.numel()}")
     pl = partial_lse.reshape(N, H).to(torch.float64)
+    D = int(partial_output.shape[-1])
+    if final_output.dim() != 3 or tuple(final_output.shape[1:]) != (H, D):
+        raise ValueError(f"final_output must be [total_q, {H}, {D}] (partial_output's heads and "
+                         f"width), got {tuple(final_output.shape)}")
     out = final_output.to(torch.float64).clone()
     total_q = out.shape[0]
+    if final_lse is not None and tuple(final_lse.shape) != (total_q, H):
+        raise ValueError(f"final_lse must be [{total_q}, {H}] (final_output's rows and heads), got "
+                         f"{tuple(final_lse.shape)}")
     lse = (final_lse.to(torch.float64).clone() if final_lse is not None else
            torch.full((total_q, H), float("nan"), dtype=torch.float64, device=out.device))
     ind = _int_list(reduce_indptr, "reduce_indptr")
     pmap = _int_list(reduce_partial_map, "reduce_partial_map")
-    fmap = _int_list(reduce_final_map, "reduce_final_map") if reduce_final_map is not None else None
+    fmap = (_int_list(reduce_final_map, "reduce_final_map", ndim=2)
+            if reduce_final_map is not None else None)
     for t in range(len(ind) - 1):
         start, end = ind[t], ind[t + 1]
+        if end < start:
+            raise ValueError(f"reduce_indptr must be non-decreasing, got reduce_indptr[{t}]={start} "
+                             f"> reduce_indptr[{t + 1}]={end}")
         if end - start < 2:
             continue
         if start < 0 or end > len(pmap):
             raise ValueError(f"reduce_indptr[{t}:{t + 2}]=({start}, {end}) is outside "
                              f"reduce_partial_map (length {len(pmap)})")
         qs, qe = _final_range(t, start, fmap, pmap)
-        if qe <= qs:
+        if qe < qs:
+            raise ValueError(f"tile {t} covers q tokens [{qs}, {qe}): q_end < q_start"
+                             + (" in reduce_final_map" if fmap is not None else
+                                " (reduce_partial_map decreasing)"))
+        if qe == qs:
             continue
         if qs < 0 or qe > total_q:
             raise ValueError(f"tile {t} covers q tokens [{qs}, {qe}) outside final_output "
@@ -397,6 +423,10 @@ def relative_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     Source: this package's error metric for its tests and the bench's ``ref err`` column (no
     AITER / FlashMLA counterpart is matched).
     """
+    for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, torch.Tensor) or x.is_complex():
+            what = f"a complex tensor ({x.dtype})" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise TypeError(f"relative_l2: {name} must be a real torch.Tensor, got {what}")
     try:
         a64, b64 = torch.broadcast_tensors(a.detach().to(torch.float64),
                                            b.detach().to(device=a.device, dtype=torch.float64))

@@ -238,7 +238,7 @@ def test_half_written_artifact_is_never_published(fake_jit, monkeypatch, mode, w
 
 
 @pytest.mark.parametrize("damage", ["flip_byte", "truncate", "meta_garbage", "meta_arch", "lib_is_a_folder",
-                                    "meta_missing"])
+                                    "meta_missing", "entry_is_a_file"])
 def test_corrupt_entry_is_moved_aside_and_rebuilt(fake_jit, damage, caplog):
     """CuPy's hash-on-read: a damaged entry is detected, never loaded, and rebuilt."""
     m = core.get_module("fake", **P)
@@ -263,6 +263,9 @@ def test_corrupt_entry_is_moved_aside_and_rebuilt(fake_jit, damage, caplog):
         lib.mkdir()
     elif damage == "meta_missing":      # was rebuilt without the warning every other damage gives
         meta_path.unlink()
+    elif damage == "entry_is_a_file":   # was a bare NotADirectoryError from publish's rename
+        shutil.rmtree(entry)
+        entry.write_text("not an entry")
     else:
         meta = json.loads(meta_path.read_text())
         meta["arch"] = "gfx942"
@@ -634,15 +637,17 @@ def test_default_root_ignores_a_relative_xdg_cache_home(monkeypatch, tmp_path):
 
 def test_info_reports_a_broken_cache_root_and_writes_nothing(jit_clean, monkeypatch, tmp_path, capsys):
     """info printed only the errno for a root that is a file, and probed the compilers into a
-    fresh root (creating it)."""
+    fresh root (creating it). An AITER_MLA_CACHE_DIR no build can use is a problem (exit 1;
+    it exited 0 with no problem line: fresh-user report); one not made yet is not."""
     from aiter_mla.cli import main
 
     afile = tmp_path / "afile"
     afile.write_text("")
     monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(afile))
-    assert main(["info"]) == 0
+    assert main(["info"]) == 1
     out = capsys.readouterr().out
     assert f"cache: {afile} (AITER_MLA_CACHE_DIR), unreadable: Not a directory" in out
+    assert f"problem: cache root {afile} (AITER_MLA_CACHE_DIR): unreadable: Not a directory" in out
     assert "versions:" in out and "toolchains:" in out and "env (k = enters the cache key):" in out
     fresh = tmp_path / "fresh"
     monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(fresh))
@@ -656,15 +661,17 @@ def test_info_reports_a_broken_cache_root_and_writes_nothing(jit_clean, monkeypa
     real_access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if (mode == os.W_OK and str(p) == str(fresh))
                         else real_access(p, mode, **kw))
-    assert main(["info"]) == 0
-    assert "0 entries, 0 bytes; not writable: builds fail (AITER_MLA_CACHE_DIR)" in capsys.readouterr().out
+    assert main(["info"]) == 1
+    out = capsys.readouterr().out
+    assert "0 entries, 0 bytes; not writable: builds fail (AITER_MLA_CACHE_DIR)" in out
+    assert f"problem: cache root {fresh} (AITER_MLA_CACHE_DIR): not writable: builds fail" in out
     # a root not made yet under a read-only folder: said so, not "the first build makes it"
     under = fresh / "sub" / "cache"
     monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(under))
     core.reset_state()
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if (mode & os.W_OK and str(p) == str(fresh))
                         else real_access(p, mode, **kw))
-    assert main(["info"]) == 0
+    assert main(["info"]) == 1
     assert (f"does not exist and cannot be made ({fresh} is not writable): builds fail (AITER_MLA_CACHE_DIR)"
             in capsys.readouterr().out)
 

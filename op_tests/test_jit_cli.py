@@ -98,6 +98,9 @@ def test_build_failure_exits_nonzero_and_reports(fake_jit, capsys, monkeypatch):
     (["jit", "render", "fake"], "missing parameter(s) n (allowed: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16), flavor (allowed: 'a', 'b')"),   # arch defaults to sm_90a, as in build
     (["metadata", "--batch", "4", "--ctx", "100", "--clusters", "2000000000"], "--clusters must be in [1, 8192]"),
     (["metadata", "--batch", "3", "--ctx", "1,,2"], "--ctx has an empty item"),   # was dropped
+    # more items than requests: the extras were dropped unread (fresh-user report)
+    (["metadata", "--batch", "2", "--ctx", "100,200,300"], "--ctx lists 3 values for --batch 2"),
+    (["metadata", "--batch", "2", "--ctx", "100", "--qlen", "1,2,3"], "--qlen lists 3 values for --batch 2"),
     (["metadata", "--batch", "100000000", "--ctx", "10"], "--batch must be in [0, 1048576]"),   # ran for minutes
     # each named by its flag, not by the scheduler's parameter (num_heads, kv_indptr, ...)
     (["metadata", "--batch", "2", "--ctx", "10", "--heads", "0"], "--heads must be >= 1, got 0"),
@@ -178,6 +181,18 @@ def test_info_text_and_json(fake_jit, capsys):
     assert info["cache"]["root"] == str(fake_jit.root)
     assert info["toolchains"]["sm_90a"]["path"] == str(fake_jit.compiler)
     assert info["env"]["AITER_MLA_LINEINFO"]["key_changing"] is True
+
+
+def test_info_reports_a_compiler_variable_that_does_not_work(fake_jit, capsys, monkeypatch, tmp_path):
+    """AITER_MLA_NVCC naming no executable fails every sm_90a build; info showed it and exited 0
+    with no problem line (fresh-user report). No hipcc on an NVIDIA machine is no problem."""
+    missing = tmp_path / "nvcc"
+    monkeypatch.setenv("AITER_MLA_NVCC", str(missing))
+    core.reset_state()
+    assert main(["info"]) == 1
+    out = capsys.readouterr().out
+    assert f"problem: sm_90a toolchain: AITER_MLA_NVCC={str(missing)!r} is not an executable file" in out
+    assert not any(line.startswith("problem: gfx") for line in out.splitlines())
 
 
 def test_info_reports_a_broken_config_among_the_rest(fake_jit, capsys, monkeypatch, tmp_path):
@@ -284,7 +299,7 @@ def test_malformed_disable_jit_fails_every_command(fake_jit, monkeypatch, capsys
 def test_cache_dir_that_is_a_file_is_named(fake_jit, monkeypatch, capsys, tmp_path):
     """AITER_MLA_CACHE_DIR naming a file: list fails with the OS error and the variable that
     chose the root (it printed only "[Errno 20] Not a directory"); info reports it on its cache
-    line and still prints the rest."""
+    line, still prints the rest, and exits 1 (a root no build can use is a problem)."""
     a_file = tmp_path / "not_a_dir"
     a_file.write_text("x")
     monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(a_file))
@@ -292,7 +307,7 @@ def test_cache_dir_that_is_a_file_is_named(fake_jit, monkeypatch, capsys, tmp_pa
     assert main(["jit", "list"]) == 1
     err = capsys.readouterr().err
     assert "Not a directory" in err and f"AITER_MLA_CACHE_DIR={a_file}" in err, err
-    assert main(["info"]) == 0
+    assert main(["info"]) == 1
     out = capsys.readouterr().out
     assert f"cache: {a_file} (AITER_MLA_CACHE_DIR), unreadable: Not a directory" in out, out
 
@@ -434,6 +449,20 @@ def test_missing_cache_dir_is_named_by_commands_that_read_it(tmp_path, capsys, a
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert f"which cannot be one ({f} exists and is not a folder)" in err and "Errno" not in err
+
+
+@pytest.mark.parametrize("argv", [["list"], ["clear", "--all"], ["gc", "--max-bytes", "0"]])
+def test_commands_that_read_a_cache_create_nothing_in_an_existing_folder(tmp_path, capsys, argv):
+    """`jit clear --all --cache-dir /` made entries/, locks/, ... in / (fresh-user report), and
+    `jit list --cache-dir DIR` a toolchains/ in DIR: a folder that is not a cache stays as it was."""
+    from aiter_mla.cli import main
+
+    folder = tmp_path / "just_a_folder"
+    folder.mkdir()
+    (folder / "mine.txt").write_text("x")
+    assert main(["jit", *argv, "--cache-dir", str(folder)]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in folder.iterdir()) == ["mine.txt"]
 
 
 def test_list_shows_a_corrupt_extra_entry_as_corrupt(fake_jit, capsys):

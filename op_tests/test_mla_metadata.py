@@ -513,6 +513,12 @@ def test_info_batch_size_fits_int32(monkeypatch):
     md.get_mla_metadata_info_v1(2**31 - nc, 1, 128, None, None)   # B + C - 1 = 2**31 - 1: fits
     with pytest.raises(ValueError, match=r"batch_size must be <= \d+ \(int32 work indices.*got 2147483648"):
         md.get_mla_metadata_info_v1(2**31, 1, 128, None, None)
+    # past int32 whatever the work-list count: named before CU_NUM / the GPU is asked for (it
+    # said "CU_NUM is unset" on a machine without a GPU: fresh-user report)
+    monkeypatch.delenv("CU_NUM")
+    monkeypatch.setattr(arch, "num_clusters", lambda *a, **k: pytest.fail("work lists asked for"))
+    with pytest.raises(ValueError, match=r"batch_size must be <= 2147483647 \(int32 work indices\), got 1099511627776"):
+        md.get_mla_metadata_info_v1(2**40, 1, 128, None, None)
 
 
 @pytest.mark.parametrize("kw", [dict(is_sparse=True), dict(intra_batch_mode=True),

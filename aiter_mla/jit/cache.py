@@ -268,10 +268,15 @@ class Cache:
         d = self.entry_dir(key)
         try:
             meta = json.loads((d / META).read_text())
-        except (FileNotFoundError, NotADirectoryError):   # the latter: a file on the root's path
+        except (FileNotFoundError, NotADirectoryError):   # the latter: a file on the path
             # entries are published whole (one rename of a staging folder with meta.json in it),
-            # so an entry folder without meta.json is damage, not a build in progress
-            return Corrupt(key, d, "meta.json missing") if d.is_dir() else None
+            # so an entry folder without meta.json is damage, not a build in progress; so is a
+            # file (or link) where the entry folder belongs (a file above it is the root's problem)
+            if d.is_dir() and not d.is_symlink():
+                return Corrupt(key, d, "meta.json missing")
+            if d.is_symlink() or d.exists():
+                return Corrupt(key, d, "not a folder")
+            return None
         except (OSError, ValueError) as exc:
             return Corrupt(key, d, f"meta.json unreadable: {exc}")
         if not isinstance(meta, dict):
@@ -365,14 +370,23 @@ class Cache:
             pass
 
     # ----- writing
-    def ensure_writable(self, for_loads: bool = True) -> None:
+    def ensure_writable(self, for_loads: bool = True, create: bool = True) -> None:
         """Create the folders a build needs; raise :class:`CacheNotWritableError` naming
         ``AITER_MLA_CACHE_DIR`` when that fails. ``for_loads``: the write serves a load (a
-        build), so the message also offers ``AITER_MLA_DISABLE_JIT=1``; not for clear or gc."""
+        build), so the message also offers ``AITER_MLA_DISABLE_JIT=1``; not for clear, gc or
+        fetch. ``create=False`` (clear, gc): nothing is created, the root and the folders it
+        already has must only be writable, so a ``--cache-dir`` naming any folder gains none."""
         try:
-            for sub in _SUBDIRS:
-                (self.root / sub).mkdir(parents=True, exist_ok=True)
-            probe = self.root / "staging" / f".probe.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+            if create:
+                for sub in _SUBDIRS:
+                    (self.root / sub).mkdir(parents=True, exist_ok=True)
+                probe = self.root / "staging" / f".probe.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+            else:
+                probe = self.root / f".probe.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+                for sub in _SUBDIRS:
+                    folder = self.root / sub
+                    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+                        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(folder))
             probe.touch()
             probe.unlink()
         except OSError as exc:
@@ -485,7 +499,7 @@ class Cache:
             os.rename(path, trash)
         except FileNotFoundError:
             return
-        shutil.rmtree(trash, ignore_errors=True)
+        _remove_path(trash)   # a folder, or a file / link where an entry folder belongs
 
     def publish(self, staging: Path, key: str, replace: bool) -> Path:
         """Make ``staging`` the entry of ``key`` with one rename (call with the lock held).
@@ -521,21 +535,26 @@ class Cache:
     def entries(self) -> list[dict]:
         """Every published entry: key, path, bytes, last use, meta (None if unreadable).
 
-        Only folders named by a cache key (64 lowercase hex digits) are entries: anything else
-        under ``entries/`` (a ``.DS_Store``, a user's folder when the cache variable points at an
-        existing directory) is neither listed nor ever removed by ``clear`` / ``gc``."""
+        Only names of the form of a cache key (64 lowercase hex digits) are entries: anything
+        else under ``entries/`` (a ``.DS_Store``, a user's folder when the cache variable points
+        at an existing directory) is neither listed nor ever removed by ``clear`` / ``gc``. A
+        key-named file or link (damage: entries are folders) is listed with meta None."""
         out = []
         with contextlib.suppress(FileNotFoundError):
             for d in sorted((self.root / "entries").iterdir()):
-                if not is_cache_key(d.name) or d.is_symlink() or not d.is_dir():
+                if not is_cache_key(d.name):
                     continue
+                folder = d.is_dir() and not d.is_symlink()
                 try:
-                    meta = json.loads((d / META).read_text())
+                    meta = json.loads((d / META).read_text()) if folder else None
                 except (OSError, ValueError):
                     meta = None
-                if not isinstance(meta, dict):   # a list or a string: as unreadable
+                if not isinstance(meta, dict):   # a list, a string, or a key-named file: as unreadable
                     meta = None
-                size = sum(p.stat().st_size for p in d.iterdir() if p.is_file())
+                if folder:
+                    size = sum(p.stat().st_size for p in d.iterdir() if p.is_file())
+                else:
+                    size = d.lstat().st_size
                 try:
                     used = (self.root / "used" / d.name).stat().st_mtime
                 except OSError:

@@ -541,7 +541,7 @@ def _managed_caches() -> list:
         if not cache.root.exists():
             continue
         try:
-            cache.ensure_writable(for_loads=False)   # a read-only root: one clear message, not a raw errno
+            cache.ensure_writable(for_loads=False, create=False)   # read-only: one clear message, not a raw errno
         except CacheNotWritableError as exc:
             if cache.explicit:
                 raise
@@ -682,6 +682,11 @@ def cmd_info(args) -> int:
                                 "version": _version_line(c.version)}
         except ToolchainError as exc:
             toolchains[arch] = {"error": str(exc)}
+            # no compiler for an arch is a fact (an NVIDIA-only machine has no hipcc); one that a
+            # set variable names and that does not work is a setting that fails every build
+            named = [n for n in env.registry() if env.is_set(n) and f"{n}=" in str(exc)]
+            if named:
+                problems.append(f"{arch} toolchain: {exc}")
     pins = {}
     for name, pin in (cfg.third_party.items() if cfg is not None else ()):
         entry = {"url": pin.url, "commit": pin.commit}
@@ -702,6 +707,10 @@ def cmd_info(args) -> int:
                           f"does not exist and cannot be made ({reason}): {then}")
         elif not os.access(st.cache.root, os.W_OK):
             cache_note = f"not writable: {then}"
+    if st.cache.explicit and (cache["error"] is not None or (cache_note or "").endswith(then)):
+        # AITER_MLA_CACHE_DIR names a root no build can use: every build fails
+        problems.append(f"cache root {st.cache.root} (AITER_MLA_CACHE_DIR): "
+                        f"{cache['error'] or cache_note}")
     info = {
         "versions": _versions(),
         "archs": {"all": list(ARCHS), "nvidia": list(NVIDIA_ARCHS), "amd": list(AMD_ARCHS)},

@@ -388,10 +388,11 @@ def compiler_version(path: str, identity_dir: Path | None) -> str:
                              + (f": {last}" if last else ""))
     version = (proc.stdout + proc.stderr).strip()
     _versions[stamp] = version
-    # Remembered only inside a cache root that exists: a lookup (jit list, a load under
-    # AITER_MLA_DISABLE_JIT) must not create a mistyped root as a side effect. A build that
+    # Remembered only inside a cache root a build has made (it has entries/): a lookup (jit
+    # list, a load under AITER_MLA_DISABLE_JIT) must not create a mistyped root, or a
+    # toolchains/ folder in any existing folder named as one, as a side effect. A build that
     # makes the root writes it then (save_version).
-    if record is not None and identity_dir.parent.is_dir():
+    if record is not None and (identity_dir.parent / "entries").is_dir():
         _write_version(record, stamp_list, version)
     return version
 

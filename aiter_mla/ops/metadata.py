@@ -191,6 +191,8 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
     batch_size = int(batch_size)   # numpy integers pass check_int; the shapes hold Python ints
+    if batch_size > INT32_MAX:   # past int32 whatever the work-list count: said before asking for it
+        raise ValueError(f"batch_size must be <= {INT32_MAX} (int32 work indices), got {batch_size}")
     check_scalars(num_heads=num_head_qo, num_clusters=1, page_size=1, kv_granularity=1,
                   max_seqlen_qo=max_seqlen_qo, max_split_per_batch=-1, names={"num_heads": "num_head_qo"})
     return _buffer_specs(batch_size, _arch.num_clusters(num_head_qo, max_seqlen_qo,

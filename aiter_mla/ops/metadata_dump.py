@@ -37,6 +37,16 @@ def _int_list(text: str, name: str) -> list[int]:
         raise CommandLineError(f"--{name} must be an int or a comma list of ints, got {text!r}") from None
 
 
+def _no_more_than_batch(vals: list[int], batch: int, name: str, text: str) -> None:
+    """A list is cycled over the batch, so more items than requests would be dropped unread:
+    refused (a typo in --batch or the list), as is an empty one."""
+    if not vals:
+        raise CommandLineError(f"--{name} is empty")
+    if len(vals) > max(batch, 1):
+        raise CommandLineError(f"--{name} lists {len(vals)} values for --batch {batch}: give at most "
+                               f"one a request (a list is cycled over the batch), got {text!r}")
+
+
 def _lengths(spec: str, batch: int, seed: int) -> list[int]:
     """``N``, ``a,b,c`` (cycled over the batch) or ``LO-HI`` (uniform random, seeded)."""
     if "-" in spec.strip("-"):
@@ -49,8 +59,7 @@ def _lengths(spec: str, batch: int, seed: int) -> list[int]:
         rng = random.Random(seed)
         return [rng.randint(lo, hi) for _ in range(batch)]
     vals = _int_list(spec, "ctx")
-    if not vals:
-        raise CommandLineError("--ctx is empty")
+    _no_more_than_batch(vals, batch, "ctx", spec)
     if min(vals) < 0:
         raise CommandLineError(f"--ctx lengths must be >= 0 tokens, got {spec!r}")
     return [vals[b % len(vals)] for b in range(batch)]
@@ -73,6 +82,7 @@ def build(args):
     G = default_kv_granularity(ps) if args.kv_granularity is None else args.kv_granularity
     tokens = _lengths(args.ctx, args.batch, args.seed)
     qlens_cycle = _int_list(args.qlen, "qlen")
+    _no_more_than_batch(qlens_cycle, args.batch, "qlen", args.qlen)
     if min(qlens_cycle) < 1:
         raise CommandLineError(f"--qlen must be >= 1 q tokens a request, got {args.qlen!r}")
     # the scheduler's own checks, their messages naming this command's flags
@@ -218,9 +228,9 @@ def register(subparsers) -> None:
                     "the split table.")
     p.add_argument("--batch", type=int, required=True, help="number of requests")
     p.add_argument("--ctx", required=True,
-                   help="KV tokens per request: N, a comma list (cycled), or LO-HI (random)")
+                   help="KV tokens per request: N, a comma list (cycled; at most --batch items), or LO-HI (random)")
     p.add_argument("--heads", type=int, default=128, help="q heads (per KV head; default 128)")
-    p.add_argument("--qlen", default="1", help="q tokens per request: N or a comma list (cycled; default 1)")
+    p.add_argument("--qlen", default="1", help="q tokens per request: N or a comma list (cycled; at most --batch items; default 1)")
     p.add_argument("--page-size", type=int, default=64, help="KV tokens per page (default 64)")
     p.add_argument("--kv-granularity", type=int, default=None,
                    help="pages per cost block (default max(1, 64 // page_size), as the decode op)")
