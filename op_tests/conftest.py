@@ -204,6 +204,18 @@ def load_example(name: str):
     return mod
 
 
+def deny_write_access(monkeypatch, folder, any_write_bit: bool = False) -> None:
+    """Make ``os.access(folder, W_OK)`` answer False in this process (a root user's stand-in for a
+    read-only mount); ``any_write_bit``: also for modes that include W_OK among others."""
+    real_access = os.access
+
+    def access(p, mode, **kw):
+        writes = (mode & os.W_OK) if any_write_bit else mode == os.W_OK
+        return False if writes and str(p) == str(folder) else real_access(p, mode, **kw)
+
+    monkeypatch.setattr(os, "access", access)
+
+
 def run_read_only(ro_dirs, cmd: list[str], env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run ``cmd`` in a child that sees every folder of ``ro_dirs`` read-only, all the way down:
     a private read-only bind mount for root (chmod does not stop root), else ``chmod -R a-w``

@@ -20,7 +20,7 @@ import pytest
 from aiter_mla.jit import core
 from aiter_mla.jit.cache import Cache, CacheNotWritableError, LockTimeoutError
 from aiter_mla.jit.toolchain import BuildError
-from conftest import run_read_only
+from conftest import deny_write_access, run_read_only
 
 P = dict(arch="sm_90a", n=1, flavor="a")
 
@@ -658,9 +658,7 @@ def test_info_reports_a_broken_cache_root_and_writes_nothing(jit_clean, monkeypa
     assert not fresh.exists()
     # a read-only root (as root user, only a read-only mount does it: os.access stands in)
     fresh.mkdir()
-    real_access = os.access
-    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if (mode == os.W_OK and str(p) == str(fresh))
-                        else real_access(p, mode, **kw))
+    deny_write_access(monkeypatch, fresh)
     assert main(["info"]) == 1
     out = capsys.readouterr().out
     assert "0 entries, 0 bytes; not writable: builds fail (AITER_MLA_CACHE_DIR)" in out
@@ -669,8 +667,7 @@ def test_info_reports_a_broken_cache_root_and_writes_nothing(jit_clean, monkeypa
     under = fresh / "sub" / "cache"
     monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(under))
     core.reset_state()
-    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if (mode & os.W_OK and str(p) == str(fresh))
-                        else real_access(p, mode, **kw))
+    deny_write_access(monkeypatch, fresh, any_write_bit=True)
     assert main(["info"]) == 1
     assert (f"does not exist and cannot be made ({fresh} is not writable): builds fail (AITER_MLA_CACHE_DIR)"
             in capsys.readouterr().out)

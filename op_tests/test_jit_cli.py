@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 
 from aiter_mla.cli import main
 from aiter_mla.jit import core
+from conftest import deny_write_access
 
 FAKE = ["--param", "arch=sm_90a", "--param", "n=3", "--param", "flavor=b"]
 
@@ -191,8 +193,56 @@ def test_info_reports_a_compiler_variable_that_does_not_work(fake_jit, capsys, m
     core.reset_state()
     assert main(["info"]) == 1
     out = capsys.readouterr().out
-    assert f"problem: sm_90a toolchain: AITER_MLA_NVCC={str(missing)!r} is not an executable file" in out
+    assert f"problem: sm_90a toolchain (AITER_MLA_NVCC): AITER_MLA_NVCC={str(missing)!r} is not an executable file" in out
     assert not any(line.startswith("problem: gfx") for line in out.splitlines())
+
+
+def test_info_reports_a_compiler_that_fails_its_version_probe(fake_jit, capsys, monkeypatch, tmp_path):
+    """AITER_MLA_NVCC=/bin/false (its --version fails) exited 0 after the first fix, which only
+    caught "not an executable file" (a review); under AITER_MLA_DISABLE_JIT nothing is built, so
+    neither it nor a read-only prebuilt AITER_MLA_CACHE_DIR is a problem."""
+    failing = tmp_path / "failing-nvcc"
+    failing.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
+    failing.chmod(0o755)
+    monkeypatch.setenv("AITER_MLA_NVCC", str(failing))
+    core.reset_state()
+    assert main(["info"]) == 1
+    assert "problem: sm_90a toolchain (AITER_MLA_NVCC): " in capsys.readouterr().out
+    monkeypatch.setenv("AITER_MLA_DISABLE_JIT", "1")
+    root = tmp_path / "prebuilt"
+    root.mkdir()
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(root))
+    core.reset_state()
+    deny_write_access(monkeypatch, root)
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "not writable: loads only (AITER_MLA_DISABLE_JIT: nothing is built)" in out
+    assert "problem:" not in out
+
+
+def test_a_dangling_key_link_leaves_the_other_entries_listed(fake_jit, capsys):
+    """One dangling key-named link under entries/ emptied the listing, so clear and gc removed
+    nothing (a review of the file-entry fix)."""
+    assert main(["jit", "build", "fake", *FAKE]) == 0
+    assert main(["jit", "build", "fake", "--param", "n=2", "--param", "flavor=a"]) == 0
+    (fake_jit.root / "entries" / ("0" * 64)).symlink_to(fake_jit.root / "nowhere")
+    capsys.readouterr()
+    assert main(["jit", "clear", "--all"]) == 0
+    assert "removed 3 entries" in capsys.readouterr().out
+    assert list((fake_jit.root / "entries").iterdir()) == []
+
+
+def test_clear_names_a_file_where_a_cache_folder_belongs(fake_jit, capsys):
+    """A file named index in the root: clear said "[Errno 20] Not a directory" (a review); it
+    names the path in the usual not-writable message."""
+    assert main(["jit", "build", "fake", *FAKE]) == 0
+    index = fake_jit.root / "index"
+    shutil.rmtree(index)
+    index.write_text("x")
+    capsys.readouterr()
+    assert main(["jit", "clear", "--all"]) == 1
+    err = capsys.readouterr().err
+    assert f"is not writable (Not a directory at {index};" in err, err
 
 
 def test_info_reports_a_broken_config_among_the_rest(fake_jit, capsys, monkeypatch, tmp_path):

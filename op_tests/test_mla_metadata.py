@@ -511,8 +511,9 @@ def test_info_batch_size_fits_int32(monkeypatch):
     monkeypatch.setenv("CU_NUM", "132")
     nc = arch.num_clusters(128, 1)
     md.get_mla_metadata_info_v1(2**31 - nc, 1, 128, None, None)   # B + C - 1 = 2**31 - 1: fits
-    with pytest.raises(ValueError, match=r"batch_size must be <= \d+ \(int32 work indices.*got 2147483648"):
-        md.get_mla_metadata_info_v1(2**31, 1, 128, None, None)
+    with pytest.raises(ValueError, match=rf"batch_size must be <= {2**31 - nc} \(int32 work indices with "
+                                         rf"{nc} work lists\), got {2**31 - nc + 1}"):
+        md.get_mla_metadata_info_v1(2**31 - nc + 1, 1, 128, None, None)
     # past int32 whatever the work-list count: named before CU_NUM / the GPU is asked for (it
     # said "CU_NUM is unset" on a machine without a GPU: fresh-user report)
     monkeypatch.delenv("CU_NUM")

@@ -296,6 +296,37 @@ def test_reduce_ref_rejects_out_of_range_partial_rows():
                        torch.zeros(1, 1, DV))
 
 
+@pytest.mark.parametrize("bad,needle", [
+    # a decreasing reduce_indptr was skipped (its rows came back NaN), not refused
+    (dict(ind=[2, 0]), "reduce_indptr must be non-decreasing, got reduce_indptr[0]=2 > reduce_indptr[1]=0"),
+    (dict(fmap=[[1, 0]]), "q_end < q_start in reduce_final_map"),
+    (dict(fmap=[0, 1]), "reduce_final_map must be 2-D, got shape (2,)"),
+    (dict(ind=[[0, 2]]), "reduce_indptr must be 1-D, got shape (1, 2)"),
+    # was torch's "The expanded size of the tensor (17) must match ..."
+    (dict(final=(1, 17, DV)), f"final_output must be [total_q, 1, {DV}]"),
+    (dict(final_lse=(1, 2)), "final_lse must be [1, 1]"),
+])
+def test_reduce_ref_refuses_malformed_maps_and_bases(bad, needle):
+    i32 = dict(dtype=torch.int32)
+    args = dict(ind=[0, 2], fmap=[[0, 1]], final=(1, 1, DV), final_lse=None)
+    args.update(bad)
+    with pytest.raises(ValueError) as ei:
+        ref.reduce_ref(torch.zeros(4, 1, DV), torch.zeros(4, 1), torch.tensor(args["ind"], **i32),
+                       torch.tensor(args["fmap"], **i32), torch.tensor([0, 1], **i32),
+                       torch.zeros(*args["final"]),
+                       None if args["final_lse"] is None else torch.zeros(*args["final_lse"]))
+    assert needle in str(ei.value)
+
+
+def test_decode_ref_index_tensors_must_be_1d():
+    p = make_problem([1, 2], [5, 9], H=2, page_size=4, seed=3)
+    for name in ("qo_indptr", "kv_indptr", "kv_last_page_lens"):
+        with pytest.raises(ValueError, match=rf"{name} must be 1-D, got shape \(1, "):
+            ref.mla_decode_ref(**dict(p, **{name: p[name][None]}), sm_scale=0.1)
+    with pytest.raises(ValueError, match=r"kv_indices must be a 1-D CPU or CUDA tensor, got shape \("):
+        ref.mla_decode_ref(**dict(p, kv_indices=p["kv_indices"][:, None]), sm_scale=0.1)
+
+
 # ------------------------------------------------------------------------------------------
 # relative_l2
 
@@ -310,6 +341,11 @@ def test_relative_l2():
     assert ref.relative_l2(torch.ones(2), torch.zeros(2)) == math.inf
     with pytest.raises(ValueError):
         ref.relative_l2(torch.zeros(2), torch.zeros(3))
+    # complex inputs lost their imaginary part with a warning, lists failed on .detach()
+    with pytest.raises(TypeError, match=r"relative_l2: a must be a real torch.Tensor, got a complex tensor"):
+        ref.relative_l2(torch.zeros(2, dtype=torch.complex64), torch.zeros(2))
+    with pytest.raises(TypeError, match=r"relative_l2: b must be a real torch.Tensor, got list"):
+        ref.relative_l2(torch.zeros(2), [0.0, 0.0])
 
 
 @pytest.mark.parametrize("bad,exc", [(None, TypeError), (float("nan"), ValueError),

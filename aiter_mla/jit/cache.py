@@ -371,22 +371,27 @@ class Cache:
 
     # ----- writing
     def ensure_writable(self, for_loads: bool = True, create: bool = True) -> None:
-        """Create the folders a build needs; raise :class:`CacheNotWritableError` naming
-        ``AITER_MLA_CACHE_DIR`` when that fails. ``for_loads``: the write serves a load (a
-        build), so the message also offers ``AITER_MLA_DISABLE_JIT=1``; not for clear, gc or
-        fetch. ``create=False`` (clear, gc): nothing is created, the root and the folders it
-        already has must only be writable, so a ``--cache-dir`` naming any folder gains none."""
+        """Check that the cache can be written, creating the folders a build needs (``create``);
+        raise :class:`CacheNotWritableError` naming ``AITER_MLA_CACHE_DIR`` when it cannot.
+        ``for_loads``: the write serves a load (a build), so the message also offers
+        ``AITER_MLA_DISABLE_JIT=1``; not for clear, gc or fetch. ``create=False`` (clear, gc):
+        nothing is created; the folders the root already has must be folders and writable (the
+        probe goes into entries/ when there is one, else the root), so a ``--cache-dir`` naming
+        any folder gains none."""
         try:
             if create:
                 for sub in _SUBDIRS:
                     (self.root / sub).mkdir(parents=True, exist_ok=True)
                 probe = self.root / "staging" / f".probe.{os.getpid()}.{uuid.uuid4().hex[:8]}"
             else:
-                probe = self.root / f".probe.{os.getpid()}.{uuid.uuid4().hex[:8]}"
                 for sub in _SUBDIRS:
                     folder = self.root / sub
+                    if os.path.lexists(folder) and not folder.is_dir():   # a file named entries, say
+                        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
                     if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
                         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(folder))
+                where = self.root / "entries" if (self.root / "entries").is_dir() else self.root
+                probe = where / f".probe.{os.getpid()}.{uuid.uuid4().hex[:8]}"
             probe.touch()
             probe.unlink()
         except OSError as exc:
@@ -540,11 +545,15 @@ class Cache:
         at an existing directory) is neither listed nor ever removed by ``clear`` / ``gc``. A
         key-named file or link (damage: entries are folders) is listed with meta None."""
         out = []
-        with contextlib.suppress(FileNotFoundError):
-            for d in sorted((self.root / "entries").iterdir()):
-                if not is_cache_key(d.name):
-                    continue
-                folder = d.is_dir() and not d.is_symlink()
+        try:
+            names = sorted((self.root / "entries").iterdir())
+        except FileNotFoundError:
+            return out
+        for d in names:
+            if not is_cache_key(d.name):
+                continue
+            try:
+                folder = d.is_dir()   # a link to a folder counts as one, as read_entry loads it
                 try:
                     meta = json.loads((d / META).read_text()) if folder else None
                 except (OSError, ValueError):
@@ -553,14 +562,16 @@ class Cache:
                     meta = None
                 if folder:
                     size = sum(p.stat().st_size for p in d.iterdir() if p.is_file())
-                else:
+                else:   # a file or a dangling link
                     size = d.lstat().st_size
                 try:
                     used = (self.root / "used" / d.name).stat().st_mtime
                 except OSError:
-                    used = d.stat().st_mtime
-                out.append({"key": d.name, "path": d, "bytes": size, "last_used": used,
-                            "meta": meta})
+                    used = d.lstat().st_mtime
+            except OSError:   # removed by another process while listed
+                continue
+            out.append({"key": d.name, "path": d, "bytes": size, "last_used": used,
+                        "meta": meta})
         return out
 
     def total_bytes(self) -> int:

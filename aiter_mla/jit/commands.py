@@ -673,6 +673,10 @@ def cmd_info(args) -> int:
     except (OSError, ValueError) as exc:
         cfg = None
         problems.append(str(exc) if str(exc).startswith("jit config") else f"jit config: {exc}")
+    try:
+        no_builds = env.get_flag("AITER_MLA_DISABLE_JIT")
+    except ValueError:   # malformed: already a problem above
+        no_builds = False
     st = core._get_state()
     toolchains = {}
     for arch in ARCHS:
@@ -683,10 +687,10 @@ def cmd_info(args) -> int:
         except ToolchainError as exc:
             toolchains[arch] = {"error": str(exc)}
             # no compiler for an arch is a fact (an NVIDIA-only machine has no hipcc); one that a
-            # set variable names and that does not work is a setting that fails every build
-            named = [n for n in env.registry() if env.is_set(n) and f"{n}=" in str(exc)]
-            if named:
-                problems.append(f"{arch} toolchain: {exc}")
+            # set variable chose and that does not work fails every build of the arch (loads
+            # under AITER_MLA_DISABLE_JIT need none)
+            if exc.variable is not None and not no_builds:
+                problems.append(f"{arch} toolchain ({exc.variable}): {exc}")
     pins = {}
     for name, pin in (cfg.third_party.items() if cfg is not None else ()):
         entry = {"url": pin.url, "commit": pin.commit}
@@ -699,7 +703,8 @@ def cmd_info(args) -> int:
     cache = _root_summary(st.cache)
     cache_note = None
     if cache["error"] is None:
-        then = ("builds fail (AITER_MLA_CACHE_DIR)" if st.cache.explicit else
+        then = ("loads only (AITER_MLA_DISABLE_JIT: nothing is built)" if no_builds
+                else "builds fail (AITER_MLA_CACHE_DIR)" if st.cache.explicit else
                 "builds go to the per-user temp fallback")
         if not st.cache.root.exists():
             reason = unmakeable_folder_reason(st.cache.root)
@@ -707,8 +712,10 @@ def cmd_info(args) -> int:
                           f"does not exist and cannot be made ({reason}): {then}")
         elif not os.access(st.cache.root, os.W_OK):
             cache_note = f"not writable: {then}"
-    if st.cache.explicit and (cache["error"] is not None or (cache_note or "").endswith(then)):
-        # AITER_MLA_CACHE_DIR names a root no build can use: every build fails
+    if st.cache.explicit and (cache["error"] is not None or (
+            (cache_note or "").endswith(then) and not no_builds)):
+        # AITER_MLA_CACHE_DIR names a root no build can use (a read-only prebuilt root serving
+        # loads under AITER_MLA_DISABLE_JIT is not one), or one nothing can read
         problems.append(f"cache root {st.cache.root} (AITER_MLA_CACHE_DIR): "
                         f"{cache['error'] or cache_note}")
     info = {

@@ -53,7 +53,15 @@ _HOST_EM = {"x86_64": 62, "aarch64": 183, "ppc64le": 21}
 
 
 class ToolchainError(RuntimeError):
-    """No usable compiler for an arch; the message says what to install or which variable to set."""
+    """No usable compiler for an arch; the message says what to install or which variable to set.
+
+    ``variable``: the set variable that chose the compiler that does not work (not executable,
+    its ``--version`` fails, not what it should be, too old), else None (none installed, or one
+    that works but cannot build this arch)."""
+
+    def __init__(self, message: str, variable: str | None = None):
+        super().__init__(message)
+        self.variable = variable
 
 
 class BuildError(RuntimeError):
@@ -157,7 +165,7 @@ def explicit_tool(var: str) -> str | None:
         return None
     found = _first_executable([(var, (shutil.which(value) or value) if os.sep not in value else value)])
     if found is None:
-        raise ToolchainError(f"{var}={value!r} is not an executable file")
+        raise ToolchainError(f"{var}={value!r} is not an executable file", variable=var)
     return found[1]
 
 
@@ -222,13 +230,18 @@ def clang_major(version_text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _probe(path: str, identity_dir: Path | None, fix: str) -> str:
+def _probe(path: str, identity_dir: Path | None, fix: str, variable: str | None) -> str:
     """:func:`compiler_version`, its error extended with the variable that picks another
-    compiler (``fix``: "VAR to ...")."""
+    compiler (``fix``: "VAR to ...") and carrying ``variable`` (the set one that chose it)."""
     try:
         return compiler_version(path, identity_dir)
     except ToolchainError as exc:
-        raise ToolchainError(f"{exc} (set {fix})") from None
+        raise ToolchainError(f"{exc} (set {fix})", variable=variable) from None
+
+
+def _chosen_by(var: str) -> str | None:
+    """``var`` when it is set (it chose the compiler), else None."""
+    return var if env.get(var) else None
 
 
 def toolchain_kinds(arch: str) -> tuple[str, ...]:
@@ -249,20 +262,22 @@ def find_compiler(arch: str, identity_dir: Path | None) -> Compiler:
     """
     if arch in NVIDIA_ARCHS:
         path = _find_nvcc()
-        version = _probe(path, identity_dir, "AITER_MLA_NVCC to a working nvcc, or CUDA_HOME to its toolkit root")
+        var = _chosen_by("AITER_MLA_NVCC")
+        version = _probe(path, identity_dir, "AITER_MLA_NVCC to a working nvcc, or CUDA_HOME to its toolkit root", var)
         release = nvcc_release(version)
         if release is None or release < MIN_NVCC_RELEASE:
             found = "names no CUDA release" if release is None else f"is CUDA {release[0]}.{release[1]}"
             raise ToolchainError(
                 f"nvcc at {path} {found} (--version: {(version.strip().splitlines() or [''])[-1][:120]!r}); "
                 f"sm_90a modules need CUDA {MIN_NVCC_RELEASE[0]}.{MIN_NVCC_RELEASE[1]} or newer: "
-                f"set AITER_MLA_NVCC to a newer nvcc, or CUDA_HOME to its toolkit root"
+                f"set AITER_MLA_NVCC to a newer nvcc, or CUDA_HOME to its toolkit root", variable=var
             )
         return Compiler("nvcc", path, version)
     toolchain_kinds(arch)   # raises for an arch no toolchain builds
     hipcc = _find_hipcc()
     if hipcc:
-        return Compiler("hipcc", hipcc, _probe(hipcc, identity_dir, "AITER_MLA_HIPCC or ROCM_PATH"))
+        return Compiler("hipcc", hipcc, _probe(hipcc, identity_dir, "AITER_MLA_HIPCC or ROCM_PATH",
+                                               _chosen_by("AITER_MLA_HIPCC")))
     clang = _find_clang()
     if clang is None:
         # gfx950 is in LLVM from clang 20: Debian's clang-19 would not build it
@@ -274,13 +289,14 @@ def find_compiler(arch: str, identity_dir: Path | None) -> Compiler:
             f"no AMD toolchain for {arch}: install ROCm (hipcc; set ROCM_PATH or AITER_MLA_HIPCC) "
             f"to build loadable modules, or {check}"
         )
-    version = _probe(clang, identity_dir, "AITER_MLA_CLANG to clang 19 or newer")
+    var = _chosen_by("AITER_MLA_CLANG")
+    version = _probe(clang, identity_dir, "AITER_MLA_CLANG to clang 19 or newer", var)
     major = clang_major(version)
     if major is None:
         first = (version.splitlines() or [""])[0][:120]
         raise ToolchainError(
             f"{clang} is not clang: its --version names no 'clang version N' ({first!r}); set "
-            f"AITER_MLA_CLANG to clang 19 or newer (20 or newer for gfx950)")
+            f"AITER_MLA_CLANG to clang 19 or newer (20 or newer for gfx950)", variable=var)
     if arch == "gfx950" and major < 20:
         raise ToolchainError(
             f"gfx950 needs a newer toolchain than clang {major} at {clang} (LLVM added gfx950 "

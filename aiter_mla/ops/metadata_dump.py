@@ -44,7 +44,7 @@ def _no_more_than_batch(vals: list[int], batch: int, name: str, text: str) -> No
         raise CommandLineError(f"--{name} is empty")
     if len(vals) > max(batch, 1):
         raise CommandLineError(f"--{name} lists {len(vals)} values for --batch {batch}: give at most "
-                               f"one a request (a list is cycled over the batch), got {text!r}")
+                               f"{max(batch, 1)} (one a request; a list is cycled over the batch), got {text!r}")
 
 
 def _lengths(spec: str, batch: int, seed: int) -> list[int]:
