@@ -47,7 +47,7 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
   using T::kStageBytes;
   using T::kOffKv;
   static constexpr int kSTiles = BN / 8;                      // a warpgroup scores a whole tile (N = 64)
-  static constexpr int kStages = 2;
+  static constexpr int kStages = BlockN == 32 ? 4 : 2;   // 32-key tiles: 4 stages (the same bytes)
   static constexpr bool kSwizzled = Tma;                      // KV stage layout (wg::k_desc, wg::v_desc)
   static constexpr bool kQTma = Tma;                          // Q copied by the producer, in the stage layout
   static constexpr int kVGroupBytes = kGroupBytes;
@@ -129,7 +129,7 @@ __device__ __forceinline__ void handover_wait(int from) {
 // `between()` runs: the caller waits there for its PV issued before QK (wgmma_wait<2>) and
 // releases that stage's part without waiting for this tile's last part.
 template <class C, class WaitPart, class Between>
-__device__ __forceinline__ void qk_issue_parts(float (&s)[8][4], uint32_t q_addr, uint32_t k_addr,
+__device__ __forceinline__ void qk_issue_parts(float (&s)[C::kSTiles][4], uint32_t q_addr, uint32_t k_addr,
                                                WaitPart wait_part, Between between) {
   wg::fence_operands(s);
   wait_part(0);

@@ -53,7 +53,7 @@ struct WgmmaTile {
   static constexpr int kSwBytes = 64;
   // Barrier pairs (full, empty) per KV stage: one; the alternating loop's TMA stages have three.
   static constexpr int kParts = 1;
-  static_assert(BN == 64, "the warpgroup main loops run block_n 64");
+  static_assert(BN == 64 || BN == 32, "the warpgroup main loops run 64- or 32-key tiles");
 };
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
@@ -444,8 +444,10 @@ __device__ __forceinline__ uint64_t k_desc(uint32_t k_addr, int kk) {
 template <class C>
 __device__ __forceinline__ uint64_t q_desc(uint32_t q_addr, int kk) {
   if constexpr (C::kQTma) {   // Q as a 64-row KV stage: 64-byte-swizzled column blocks (k_desc)
-    static_assert(C::BN == kRows, "a TMA-copied Q tile has a KV stage's shape");
-    return (make_desc(q_addr, 16, 8 * C::kSwBytes) | swizzle_bits<C>()) + (k_step_bytes<C>(kk) >> 4);
+    // a KV stage's layout with kRows rows a column block
+    constexpr int kPer = C::kSwBytes / 32;
+    return (make_desc(q_addr, 16, 8 * C::kSwBytes) | swizzle_bits<C>()) +
+           (static_cast<uint32_t>((kk / kPer) * (kRows * C::kSwBytes) + (kk % kPer) * 32) >> 4);
   } else {
     return make_desc(q_addr, 128, C::kGroupBytes) + static_cast<uint64_t>(kk * 256 >> 4);
   }
