@@ -89,11 +89,12 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
 template <class C>
 __device__ __forceinline__ void produce_tile_parts(uint32_t stage_addr, uint32_t bar_full, uint32_t bar_empty,
                                                    uint32_t empty_parity, const void* map, int rows, int first,
-                                                   int pages, int lane) {
+                                                   int pages, int lane, int part_warp) {
   static_assert(C::BN / C::kTmaRows * 4 <= 32, "a part's boxes fit the warp's lanes");
   AITER_MLA_STAMP(kProduceIssue);
 #pragma unroll
   for (int part = 0; part < 3; ++part) {
+    if (AITER_MLA_ALT_PART_WARPS > 1 && part != part_warp) continue;
     const int log2_blocks = part == C::kPartRope ? 0 : 2;   // column blocks: 1 or 4
     const int blk0 = part == C::kPartRope ? 8 : 4 * (part - 1);
     wg::mbar_wait(bar_empty + part * 8, empty_parity);
