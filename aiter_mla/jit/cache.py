@@ -272,9 +272,9 @@ class Cache:
             # entries are published whole (one rename of a staging folder with meta.json in it),
             # so an entry folder without meta.json is damage, not a build in progress; so is a
             # file (or link) where the entry folder belongs (a file above it is the root's problem)
-            if d.is_dir() and not d.is_symlink():
+            if d.is_dir():   # a link to a folder counts as one, as in entries()
                 return Corrupt(key, d, "meta.json missing")
-            if d.is_symlink() or d.exists():
+            if os.path.lexists(d):
                 return Corrupt(key, d, "not a folder")
             return None
         except (OSError, ValueError) as exc:
