@@ -50,15 +50,22 @@ def _int_list(t, name: str, ndim: int = 1) -> list[int]:
 
 
 def _scale_value(scale, name: str) -> float:
-    """A per-tensor scale given as None (1.0), a Python number or a 1-element tensor."""
+    """A per-tensor dequant scale given as None (1.0), a real number or a 1-element real
+    tensor; it must be finite and > 0 (TypeError / ValueError naming ``name``)."""
     if scale is None:
         return 1.0
     if isinstance(scale, torch.Tensor):
         if scale.numel() != 1:
             raise ValueError(f"{name} must hold exactly 1 element (per-tensor scale), "
                              f"got shape {tuple(scale.shape)}")
-        return float(scale.reshape(-1)[0].item())
-    return float(scale)
+        if scale.is_complex() or scale.dtype == torch.bool:
+            raise TypeError(f"{name} must be a real tensor, got dtype {scale.dtype}")
+        value = float(scale.reshape(-1)[0].item())
+    else:
+        value = require_real(name, scale, example="1.0, or a 1-element float32 tensor")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite scale > 0, got {value!r}")
+    return value
 
 
 def _check_indptr(vals: list[int], name: str, limit: int, limit_name: str) -> None:
@@ -193,8 +200,9 @@ def mla_decode_ref(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_
         kv_indices: [>= kv_indptr[-1]] page numbers.
         kv_last_page_lens: [>= batch] tokens in each batch's last page (ignored for 0 pages).
         sm_scale: softmax scale applied to q.k of the real values.
-        q_scale, kv_scale: per-tensor dequant scales (None = 1; float or 1-element tensor);
-            real value = stored x scale (AITER's kernel ignores them; we honour them).
+        q_scale, kv_scale: per-tensor dequant scales (None = 1; a real number or 1-element tensor,
+            finite and > 0): real value = stored x scale (AITER's kernel ignores them; we
+            honour them).
         fp8_p: round the unnormalised exp(s - max) to fp8 e4m3 before P.V, as AITER's kernel
             and its fp8 reference do (sets the fp8 tolerance).
 
@@ -205,8 +213,8 @@ def mla_decode_ref(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_
         causal row before the first key): out 0, lse +inf. q rows outside qo_indptr[-1]: NaN.
 
     Raises:
-        ValueError / TypeError naming the argument for bad shapes, dtypes or index values, or
-        a ``sm_scale`` that is not a finite number.
+        ValueError / TypeError naming the argument for bad shapes, dtypes or index values, a
+        ``sm_scale`` that is not a finite number, or a scale that is not a finite number > 0.
 
     Source: AITER ``op_tests/test_mla_persistent.py`` ``torch_mla_extend`` /
     ``ref_masked_attention`` (mask ``tril(diagonal=s_k - s_q)``, fp8 P), with real scales.

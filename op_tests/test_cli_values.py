@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import traceback
+from pathlib import Path
 
 import pytest
 
@@ -70,17 +71,29 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"aiter-mla {__version__}"
 
 
-def test_a_missing_torch_is_named_with_the_fix(monkeypatch, capsys):
-    """A command that needs PyTorch, run without it: the one-line error says to install it."""
+@pytest.mark.parametrize("module,fix", [
+    ("torch", "this command needs PyTorch: pip install torch"),
+    # the GPU host's `pip install --no-deps` leaves the wheel's other dependencies out; bench
+    # then failed with a bare "No module named 'tqdm'" (a fresh-user report)
+    ("tqdm", "a dependency of aiter_mla, left out by `pip install --no-deps`: pip install tqdm"),
+])
+def test_a_missing_module_is_named_with_the_fix(monkeypatch, capsys, module, fix):
+    """A command run without a package it needs: the one-line error says how to install it."""
     from aiter_mla import env
 
-    def no_torch():
-        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+    def missing():
+        raise ModuleNotFoundError(f"No module named '{module}'", name=module)
 
-    monkeypatch.setattr(env, "check_values", no_torch)
+    monkeypatch.setattr(env, "check_values", missing)
     assert cli.main(["metadata", "--batch", "2", "--ctx", "64"]) == 1
-    assert capsys.readouterr().err.strip() == ("aiter-mla metadata: error: No module named 'torch' (this "
-                                               "command needs PyTorch: pip install torch)")
+    assert capsys.readouterr().err.strip() == f"aiter-mla metadata: error: No module named '{module}' ({fix})"
+
+
+def test_the_named_dependencies_are_pyprojects():
+    tomllib = pytest.importorskip("tomllib")   # Python >= 3.11
+    deps = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = sorted(d.split(">")[0].split("=")[0].split("<")[0].strip() for d in deps)
+    assert sorted(["torch", *cli._DEPENDENCIES]) == names
 
 
 def test_main_restores_the_callers_sigterm_handler(tmp_path, capsys):

@@ -109,7 +109,10 @@ def test_build_failure_exits_nonzero_and_reports(fake_jit, capsys, monkeypatch):
     (["metadata", "--batch", "2", "--ctx", "10", "--qlen", "1,0"], "--qlen must be >= 1"),
     (["metadata", "--batch", "2", "--ctx", "10", "--kv-granularity", "3"], "--kv-granularity must be a power of two"),
     (["metadata", "--batch", "2", "--ctx", "10", "--max-split-per-batch", "0"], "--max-split-per-batch must be"),
-    (["metadata", "--batch", "64", "--ctx", "99999999999"], "--batch 64 x --ctx '99999999999' is 100000000000 KV pages"),
+    (["metadata", "--batch", "64", "--ctx", "2000000000", "--page-size", "1"],
+     "--batch 64 x --ctx '2000000000' is 128000000000 KV pages"),
+    # one request past int32 (was exit 1, naming "batch 0" instead of the flag)
+    (["metadata", "--batch", "1", "--ctx", "2147483648"], "--ctx must be at most 2147483647 KV tokens a request"),
     (["metadata", "--batch", "4", "--ctx", "100", "--heads", "129"], "--heads * --qlen = 129 * 1 is not supported"),
     (["metadata", "--batch", "4", "--ctx", "100", "--qlen", "1,17"], "--heads * --qlen = 128 * 17 is not supported"),
     (["deps", "fetch", "nosuch"], "'nosuch' is not pinned"),

@@ -154,6 +154,13 @@ def test_build_from_file_reads_every_line_form(fake_jit, tmp_path, capsys):
     assert fake_jit.started() == 3
 
 
+def test_build_from_file_skips_a_byte_order_mark(fake_jit, tmp_path, capsys):
+    lst = tmp_path / "variants.txt"   # as Windows editors save UTF-8 (was "unknown JIT module '\ufefffake'")
+    lst.write_bytes(b"\xef\xbb\xbffake arch=sm_90a n=3 flavor=b\r\n")
+    assert cli.main(["jit", "build", "--from-file", str(lst), "--cache-dir", str(tmp_path / "r")]) == 0
+    assert [(m["params"]["n"], m["params"]["flavor"]) for m in _metas(tmp_path / "r")] == [(3, "b")]
+
+
 BAD_LISTS = [
     ("fake arch=sm_90a n=1 flavor=a\nnope arch=sm_90a\n", ":2: unknown JIT module 'nope'"),
     ("fake arch=sm_90a n=1\n", ":1: module 'fake': missing parameter(s) flavor"),

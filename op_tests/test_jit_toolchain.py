@@ -66,6 +66,24 @@ def test_docs_jit_contract_snippet_runs_as_written(real_jit, doc):
 
 
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc not on PATH (install the CUDA toolkit)")
+def test_paths_with_shell_and_comma_characters_build(jit_clean, monkeypatch, tmp_path):
+    """A cache, templates and temp folder whose paths hold , $ " and \\ (nvcc splits -I values
+    on commas and hands paths to a shell): the build failed ("is not in 'keyword=value'
+    format", "Unterminated quoted string"; a fresh-user report). nvcc now runs in the staging
+    folder on relative names; the entry keeps no link out of the cache."""
+    odd = tmp_path / 'a,b$HOME"c\\d'
+    shutil.copytree(REPO / "templates", odd / "t,pl")
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(odd / "cache"))
+    monkeypatch.setenv("AITER_MLA_TEMPLATES_DIR", str(odd / "t,pl"))
+    monkeypatch.setenv("TMPDIR", str(odd))
+    r = core.build_variant("convert_fp8", arch="sm_90a", out_dtype="bf16")
+    assert odd / "cache" in r.entry.path.parents
+    assert sorted(p.name for p in r.entry.path.iterdir()) == ["build.log", "lib.so", "meta.json", "source.cu"]
+    assert f"-I{odd / 't,pl'}" in r.entry.meta["command"]   # meta.json records the absolute form
+    assert core.get_module("convert_fp8", arch="sm_90a", out_dtype="bf16").error_string(0) == "no error"
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not on PATH (install the CUDA toolkit)")
 def test_relative_templates_dir_builds(real_jit, monkeypatch, tmp_path):
     """AITER_MLA_TEMPLATES_DIR given relative to the current directory: nvcc runs in a staging
     folder, so the templates' -I must be absolute (it was passed as given, and the build failed
@@ -351,16 +369,18 @@ def test_python_is_not_in_the_key_of_a_c_abi_library(fake_jit):
 
 
 def test_compiler_temp_files_stay_in_staging_and_go(tmp_path):
-    """The compiler's TMPDIR is the staging folder's tmp/, removed when it ends (an interrupted
-    nvcc, killed, leaves its tmpxft_* files behind: they must not pile up in /tmp)."""
+    """The compiler's TMPDIR is the staging folder's tmp/ (given relative to the staging
+    folder, where it runs: an absolute path may hold characters nvcc cannot pass on), removed
+    when it ends (an interrupted nvcc, killed, leaves its tmpxft_* files behind: they must not
+    pile up in /tmp)."""
     from aiter_mla.jit.toolchain import run_compiler
 
     staging = tmp_path / "staging"
     staging.mkdir()
-    cmd = ["sh", "-c", 'echo "tmp=$TMPDIR"; touch "$TMPDIR/tmpxft_leftover"; exit 3']
+    cmd = ["sh", "-c", 'echo "tmp=$TMPDIR"; touch "$TMPDIR/tmpxft_leftover" && echo "in $PWD/$TMPDIR"; exit 3']
     rc, out = run_compiler(cmd, staging, staging / "build.log")
     assert rc == 3
-    assert f"tmp={staging / 'tmp'}" in out
+    assert "tmp=tmp\n" in out and f"in {staging / 'tmp'}" in out
     assert not (staging / "tmp").exists()
     assert (staging / "build.log").read_text().startswith("$ sh -c")
 

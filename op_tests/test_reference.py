@@ -348,6 +348,23 @@ def test_relative_l2():
         ref.relative_l2(torch.zeros(2), [0.0, 0.0])
 
 
+@pytest.mark.parametrize("name", ["q_scale", "kv_scale"])
+@pytest.mark.parametrize("bad,exc,match", [
+    ("2", TypeError, "must be a float"),            # was read as 2.0
+    ([2.0], TypeError, "must be a float"),          # was a bare float() error
+    (True, TypeError, "must be a float"),
+    (float("nan"), ValueError, "must be a finite number"),   # made every output NaN
+    (0.0, ValueError, "finite scale > 0, got 0.0"),
+    (-1, ValueError, "finite scale > 0, got -1.0"),
+    (torch.tensor([float("inf")]), ValueError, "finite scale > 0, got inf"),
+    (torch.tensor([1.0, 2.0]), ValueError, "must hold exactly 1 element"),
+])
+def test_bad_dequant_scale_is_a_clear_error(name, bad, exc, match):
+    p = make_problem([1], [9], H=2, page_size=4, seed=5)
+    with pytest.raises(exc, match=f"{name} {match}" if match.startswith("must") else f"{name} must be a {match}"):
+        ref.mla_decode_ref(**p, sm_scale=0.1, **{name: bad})
+
+
 @pytest.mark.parametrize("bad,exc", [(None, TypeError), (float("nan"), ValueError),
                                      (float("inf"), ValueError), ("0.1", TypeError)])
 def test_bad_sm_scale_is_a_clear_error(bad, exc):

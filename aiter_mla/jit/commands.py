@@ -222,9 +222,9 @@ def read_variants_file(path: str, cfg) -> list[tuple[str, dict]]:
 
     Raises :class:`VariantsFileError` (one line): the file cannot be read or is not UTF-8, it
     names no variant, or a line has an unknown module or parameter, a missing or disallowed
-    value, or unbalanced quotes (``FILE:LINE: why``)."""
+    value, or unbalanced quotes (``FILE:LINE: why``). A leading UTF-8 byte-order mark is skipped."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")   # a leading BOM (Windows editors) dropped
     except OSError as exc:
         raise VariantsFileError(f"--from-file {path!r}: cannot read it ({exc.strerror or exc})") from None
     except UnicodeDecodeError as exc:

@@ -453,9 +453,23 @@ def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, so
     src.write_text(source)
     compiler = plan.compiler
     out = staging / compiler.artifact_name
-    cmd = compiler.command(plan.flags, src, out, plan.include_dirs)
+    # The compiler runs in the staging folder on relative names, its include folders reached
+    # through links there: nvcc splits -I values on commas and hands paths to a shell, so an
+    # absolute cache, temp or install path holding , $ " or \ would break the build.
+    links = []
+    for i, d in enumerate(plan.include_dirs):
+        link = staging / f"include{i}"
+        os.symlink(d, link, target_is_directory=True)
+        links.append(Path(link.name))
+    run_cmd = compiler.command(plan.flags, Path(src.name), Path(out.name), links)
+    cmd = compiler.command(plan.flags, src, out, plan.include_dirs)   # the same, absolute: what meta.json records
     t0 = time.perf_counter()
-    rc, output = run_compiler(cmd, staging, staging / "build.log")
+    try:
+        rc, output = run_compiler(run_cmd, staging, staging / "build.log")
+    finally:
+        for link in links:   # not published: the entry holds no link out of the cache
+            with contextlib.suppress(OSError):
+                (staging / link).unlink()
     seconds = time.perf_counter() - t0
     if rc < 0:   # killed by a signal: interrupted (Ctrl-C / SIGTERM) or crashed, not a compile error
         problem = f"{compiler.kind} exit status {rc} (killed by signal {-rc}: interrupted, or it crashed)"

@@ -449,7 +449,8 @@ def run_compiler(command: list[str], cwd: Path, log_path: Path) -> tuple[int, st
         print("aiter_mla: " + shlex.join(command), file=sys.stderr)
     tmp = Path(cwd) / "tmp"
     tmp.mkdir(exist_ok=True)
-    child_env = env.child_environ(TMPDIR=str(tmp), TMP=str(tmp), TEMP=str(tmp))
+    # relative to cwd, for the reason the command is (core._compile_and_publish)
+    child_env = env.child_environ(TMPDIR="tmp", TMP="tmp", TEMP="tmp")
     try:
         try:
             # Its own process group, so an interrupted build (Ctrl-C, SIGTERM from a batch

@@ -105,6 +105,9 @@ def build(args):
                 clusters = arch.num_clusters(args.heads, max_q, cu=132, kv_dtype=args.dtype)
         except ValueError as exc:   # heads x qlen past the kernels' rows: a flag value
             raise CommandLineError(str(exc)) from None
+    if tokens and max(tokens) > INT32_MAX:   # the scheduler's kv_offset is int32, as in AITER
+        raise CommandLineError(f"--ctx must be at most {INT32_MAX} KV tokens a request (kv_offset is int32), "
+                               f"got {max(tokens)}")
     qo, kv, lpl = [0], [0], []
     for t, q in zip(tokens, qlens):
         pages = -(-t // ps)
