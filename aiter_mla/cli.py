@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cli_errors import CommandLineError
+from .cli_errors import CommandLineError, missing_module_hint
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,10 +59,6 @@ def _terminate(signum, frame):
     raise _Terminated
 
 
-# pyproject.toml's dependencies other than torch, by import name
-_DEPENDENCIES = ("jinja2", "filelock", "tqdm", "matplotlib")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Runs ``aiter-mla`` with ``argv`` (``sys.argv[1:]`` when None) and returns its exit status:
     0 done, 1 the work failed, 2 a usage error, 130 / 143 interrupted by Ctrl-C / SIGTERM (builds
@@ -103,11 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     except Exception as exc:  # every failure exits non-zero with a one-line reason
         reason = str(exc) or type(exc).__name__ + (" (out of memory)" if isinstance(exc, MemoryError) else "")
-        if isinstance(exc, ModuleNotFoundError) and exc.name == "torch":
-            reason += " (this command needs PyTorch: pip install torch)"
-        elif isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] in _DEPENDENCIES:
-            reason += (f" (a dependency of aiter_mla, left out by `pip install --no-deps`: "
-                       f"pip install {exc.name.split('.')[0]})")
+        reason += missing_module_hint(exc)
         reason += _cache_root_hint(exc)
         print(f"aiter-mla {args.command}: error: {reason}", file=sys.stderr)
         return 2 if _is_usage_error(exc) else 1

@@ -93,7 +93,9 @@ def test_the_named_dependencies_are_pyprojects():
     tomllib = pytest.importorskip("tomllib")   # Python >= 3.11
     deps = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]["dependencies"]
     names = sorted(d.split(">")[0].split("=")[0].split("<")[0].strip() for d in deps)
-    assert sorted(["torch", *cli._DEPENDENCIES]) == names
+    from aiter_mla.cli_errors import DEPENDENCIES
+
+    assert sorted(["torch", *DEPENDENCIES]) == names
 
 
 def test_main_restores_the_callers_sigterm_handler(tmp_path, capsys):

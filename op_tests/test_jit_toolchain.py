@@ -80,7 +80,28 @@ def test_paths_with_shell_and_comma_characters_build(jit_clean, monkeypatch, tmp
     assert odd / "cache" in r.entry.path.parents
     assert sorted(p.name for p in r.entry.path.iterdir()) == ["build.log", "lib.so", "meta.json", "source.cu"]
     assert f"-I{odd / 't,pl'}" in r.entry.meta["command"]   # meta.json records the absolute form
+    log = (r.entry.path / "build.log").read_text().splitlines()
+    assert log[1] == f"# include0 -> {odd / 't,pl'}" and "-Iinclude0 source.cu -o lib.so" in log[2]
     assert core.get_module("convert_fp8", arch="sm_90a", out_dtype="bf16").error_string(0) == "no error"
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not on PATH (install the CUDA toolkit)")
+def test_an_unlinkable_odd_include_path_is_a_clear_error(jit_clean, monkeypatch, tmp_path):
+    """Where no link can be made (a cache on a filesystem without symlinks) and the include
+    folder's path holds a character nvcc cannot take: a BuildError naming both, before the
+    compiler runs."""
+    shutil.copytree(REPO / "templates", tmp_path / "t,pl")
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("AITER_MLA_TEMPLATES_DIR", str(tmp_path / "t,pl"))
+
+    def no_links(*a, **k):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "symlink", no_links)
+    with pytest.raises(BuildError, match=r"the include folder '.*t,pl' holds one of .* no link to it could be "
+                                         r"made in .*staging.* \(Operation not permitted\): move it"):
+        core.build_variant("convert_fp8", arch="sm_90a", out_dtype="bf16")
+    assert not any((tmp_path / "cache" / "staging").iterdir())   # its staging folder went too
 
 
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc not on PATH (install the CUDA toolkit)")
@@ -91,8 +112,10 @@ def test_relative_templates_dir_builds(real_jit, monkeypatch, tmp_path):
     shutil.copytree(REPO / "templates", tmp_path / "my_templates")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("AITER_MLA_TEMPLATES_DIR", "my_templates")
-    meta = core.build_variant("convert_fp8", arch="sm_90a", out_dtype="bf16").entry.meta
-    assert f"-I{tmp_path / 'my_templates'}" in meta["command"]
+    entry = core.build_variant("convert_fp8", arch="sm_90a", out_dtype="bf16").entry
+    assert f"-I{tmp_path / 'my_templates'}" in entry.meta["command"]
+    # a plain path is passed as it is (no link: messages and line info name the real headers)
+    assert f"-I{tmp_path / 'my_templates'} " in (entry.path / "build.log").read_text()
 
 
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc not on PATH (install the CUDA toolkit)")
@@ -382,5 +405,5 @@ def test_compiler_temp_files_stay_in_staging_and_go(tmp_path):
     assert rc == 3
     assert "tmp=tmp\n" in out and f"in {staging / 'tmp'}" in out
     assert not (staging / "tmp").exists()
-    assert (staging / "build.log").read_text().startswith("$ sh -c")
+    assert (staging / "build.log").read_text().startswith(f"# in {staging}\n$ sh -c")
 

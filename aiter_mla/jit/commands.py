@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from .. import env
-from ..cli_errors import CommandLineError
+from ..cli_errors import CommandLineError, missing_module_hint
 from ..version import __version__
 from ..paths import unmakeable_folder_reason
 from ..arch import AMD_ARCHS, ARCHS, NVIDIA_ARCHS, is_experimental_enabled
@@ -330,7 +330,7 @@ def cmd_build(args) -> int:
                       file=sys.stderr)
             except Exception as exc:  # keep building the rest; report every failure
                 failures += 1
-                print(f"{bar} FAILED {futs[fut]}: {exc}", file=sys.stderr)
+                print(f"{bar} FAILED {futs[fut]}: {exc}{missing_module_hint(exc)}", file=sys.stderr)
     print(f"{n - failures} of {n} ok, {failures} failed, {time.perf_counter() - t0:.1f} s",
           file=sys.stderr)
     return 1 if failures else 0

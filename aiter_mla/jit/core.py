@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -446,6 +447,10 @@ def _cached_without_compiler(name: str, params: dict, force: bool, t0: float) ->
     raise _disabled_error(name, checked, state_text)
 
 
+# Characters an nvcc command line cannot carry in a path (see _compile_and_publish).
+_NVCC_UNSAFE = frozenset(',$"\\`')
+
+
 def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, source: str,
                          variant: str, replace: bool) -> Entry:
     staging = cache.new_staging(key)
@@ -453,23 +458,40 @@ def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, so
     src.write_text(source)
     compiler = plan.compiler
     out = staging / compiler.artifact_name
-    # The compiler runs in the staging folder on relative names, its include folders reached
-    # through links there: nvcc splits -I values on commas and hands paths to a shell, so an
-    # absolute cache, temp or install path holding , $ " or \ would break the build.
-    links = []
+    # The compiler runs in the staging folder on relative names: nvcc splits -I values on
+    # commas and hands paths to a shell, so a cache, temp or install path holding , $ " \ or `
+    # breaks an absolute command line. An include folder whose path holds one is reached
+    # through a link there (named in build.log); the others stay absolute, so messages and
+    # line info name the real headers.
+    includes, links = [], {}
     for i, d in enumerate(plan.include_dirs):
+        if _NVCC_UNSAFE.isdisjoint(str(d)):
+            includes.append(d)
+            continue
         link = staging / f"include{i}"
-        os.symlink(d, link, target_is_directory=True)
-        links.append(Path(link.name))
-    run_cmd = compiler.command(plan.flags, Path(src.name), Path(out.name), links)
+        try:
+            os.symlink(d, link, target_is_directory=True)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)   # rmtree does not follow the links made so far
+            raise BuildError(f"build of {variant} failed: the include folder {str(d)!r} holds one of "
+                             f"{' '.join(sorted(_NVCC_UNSAFE))}, which the compiler cannot take, and "
+                             f"no link to it could be made in {staging} ({exc.strerror or exc}): "
+                             f"move it (AITER_MLA_TEMPLATES_DIR, or the install) to a plainer path",
+                             variant=variant, params=plan.params, source_path=src,
+                             command=compiler.command(plan.flags, src, out, plan.include_dirs),
+                             returncode=None, stderr_tail="") from None
+        includes.append(Path(link.name))
+        links[link.name] = str(d)
+    run_cmd = compiler.command(plan.flags, Path(src.name), Path(out.name), includes)
     cmd = compiler.command(plan.flags, src, out, plan.include_dirs)   # the same, absolute: what meta.json records
+    note = "".join(f"# {k} -> {v}\n" for k, v in links.items())
     t0 = time.perf_counter()
     try:
-        rc, output = run_compiler(run_cmd, staging, staging / "build.log")
+        rc, output = run_compiler(run_cmd, staging, staging / "build.log", note=note)
     finally:
-        for link in links:   # not published: the entry holds no link out of the cache
+        for name in links:   # not published: the entry holds no link out of the cache
             with contextlib.suppress(OSError):
-                (staging / link).unlink()
+                (staging / name).unlink()
     seconds = time.perf_counter() - t0
     if rc < 0:   # killed by a signal: interrupted (Ctrl-C / SIGTERM) or crashed, not a compile error
         problem = f"{compiler.kind} exit status {rc} (killed by signal {-rc}: interrupted, or it crashed)"
@@ -483,7 +505,8 @@ def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, so
         tail = "\n".join(output.strip().splitlines()[-40:])
         raise BuildError(
             f"build of {variant} failed: {problem}\n  params: {plan.params}\n"
-            f"  rendered source: {kept}\n  command: {' '.join(cmd)}\n"
+            f"  rendered source: {kept}\n  command (run in the staging folder as build.log shows): "
+            f"{' '.join(cmd)}\n"
             f"  compiler output (last 40 lines):\n{tail}",
             variant=variant, params=plan.params, source_path=kept, command=cmd,
             returncode=rc, stderr_tail=tail)

@@ -437,8 +437,9 @@ def save_version(identity_dir: Path, path: str) -> None:
         _write_version(record, stamp_list, version)
 
 
-def run_compiler(command: list[str], cwd: Path, log_path: Path) -> tuple[int, str]:
-    """Run a build; write its command and output to ``log_path``; return (exit status, output).
+def run_compiler(command: list[str], cwd: Path, log_path: Path, note: str = "") -> tuple[int, str]:
+    """Run a build in ``cwd``; write ``note``, its command and output to ``log_path``; return
+    (exit status, output).
 
     The compiler's temporary files (TMPDIR, TMP, TEMP) go to ``cwd/tmp``, removed when it ends:
     nvcc cannot clean up its tmpxft_* files when an interrupted build is killed."""
@@ -472,7 +473,7 @@ def run_compiler(command: list[str], cwd: Path, log_path: Path) -> tuple[int, st
             rc = proc.returncode
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log_path.write_text("$ " + shlex.join(command) + "\n" + out)
+    log_path.write_text(f"# in {cwd}\n{note}$ " + shlex.join(command) + "\n" + out)
     return rc, out
 
 
