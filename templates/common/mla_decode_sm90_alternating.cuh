@@ -79,20 +79,18 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
   static_assert(!Tma || T::kRowBytes / kSwBytes == 9, "TMA parts: 9 column blocks, V's 512 columns in the first 8");
 };
 
-// The producer warp's TMA copies of the tile of BN virtual tokens from tok0 into the stage at
-// stage_addr, part by part in the order QK reads them (the RoPE block, V's halves 0 and 1;
-// qk_issue_parts): each waits for its own release, then posts its
-// bytes on its own full barrier (bar_full / bar_empty: the stage's part 0 barrier; part p is
-// 8 p bytes on). Pages past kv_tok_end are not looked up; a part is at most 8 pages x 4
-// column blocks, one box per lane.
+// The producer warp's TMA copies of one tile into the stage at stage_addr, part by part in the
+// order QK reads them (the RoPE block, V's halves 0 and 1; qk_issue_parts): each waits for its
+// own release, then posts its bytes on its own full barrier (bar_full / bar_empty: the stage's
+// part 0 barrier; part p is 8 p bytes on). The tile's `pages` box-row blocks (kTmaRows tokens
+// each, at most 8) have their pool rows in lanes first .. first + pages - 1 of `rows` (the
+// producer's batch of looked-up rows); a part is at most 8 blocks x 4 column blocks, one box
+// per lane.
 template <class C>
 __device__ __forceinline__ void produce_tile_parts(uint32_t stage_addr, uint32_t bar_full, uint32_t bar_empty,
-                                                   uint32_t empty_parity, const void* map, const PageTable& page_table,
-                                                   int tok0, int kv_tok_end, int lane, bool& bad_page) {
+                                                   uint32_t empty_parity, const void* map, int rows, int first,
+                                                   int pages, int lane) {
   static_assert(C::BN / C::kTmaRows * 4 <= 32, "a part's boxes fit the warp's lanes");
-  const int pages = (min(C::BN, kv_tok_end - tok0) + C::kTmaRows - 1) / C::kTmaRows;
-  int page_row = 0;
-  if (lane < pages) page_row = static_cast<int>(kv_pool_row<C>(page_table, tok0 + lane * C::kTmaRows, bad_page));
   AITER_MLA_STAMP(kProduceIssue);
 #pragma unroll
   for (int part = 0; part < 3; ++part) {
@@ -103,7 +101,7 @@ __device__ __forceinline__ void produce_tile_parts(uint32_t stage_addr, uint32_t
     if (lane == 0) wg::mbar_arrive_expect_tx(bar_full + part * 8, (pages << log2_blocks) * C::kTmaBoxBytes);
     __syncwarp();
     const int pg = lane >> log2_blocks, blk = blk0 + (lane & ((1 << log2_blocks) - 1));
-    const int row = __shfl_sync(0xffffffffu, page_row, pg & 31);
+    const int row = __shfl_sync(0xffffffffu, rows, (first + pg) & 31);
     if (pg < pages)
       wg::tma_load_box(stage_addr + blk * (C::BN * C::kSwBytes) + pg * C::kTmaBoxBytes, map, blk * C::kSwBytes, row,
                        bar_full + part * 8);
