@@ -139,3 +139,46 @@ def test_raw_stream_is_bound_once():
     assert callable(fn) and launch.raw_stream is fn
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         launch.nope  # noqa: B018
+
+
+def test_forked_child_gets_the_ops_locks_free():
+    """A fork while another thread holds one of the ops' locks (the plan record, the error
+    sinks, a launch cache): the child's first call that took it hung forever, the lock copied
+    in its held state. Each is a locks.ForkSafeLock, fresh in the child."""
+    import os
+    import signal
+    import threading
+
+    from aiter_mla.ops import errors, launch, metadata
+
+    held = [metadata._plans_lock, errors._lock, launch.IdentityCache()._lock]
+    taken, done = threading.Event(), threading.Event()
+
+    def holder():   # another thread holds every lock across the fork, as a busy engine thread would
+        for lk in held:
+            lk.acquire()
+        taken.set()
+        done.wait()
+        for lk in held:
+            lk.release()
+
+    t = threading.Thread(target=holder)
+    t.start()
+    taken.wait()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.alarm(30)
+                code = 0 if all(lk.acquire(timeout=5) for lk in held) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        done.set()
+        t.join()
+    assert os.waitstatus_to_exitcode(status) == 0
+    for lk in held:   # the parent's locks are free again once the thread let go
+        assert lk.acquire(timeout=1)
+        lk.release()

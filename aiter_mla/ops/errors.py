@@ -24,8 +24,8 @@ call on a device, which must run outside a CUDA graph capture (RuntimeError othe
 from __future__ import annotations
 
 import ctypes
-import threading
 
+from ..locks import ForkSafeLock
 from ..work_info import DEVICE_ERRORS, ERROR_SLOT_WORDS, ERROR_SLOTS
 
 __all__ = ["DeviceIndexError", "check_errors"]
@@ -144,7 +144,7 @@ class Sink:
 
 
 _sinks: dict[int, Sink] = {}
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 
 
 def sink(device: int) -> Sink:

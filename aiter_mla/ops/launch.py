@@ -10,12 +10,12 @@ they launch); ``raw_stream`` is bound on first use.
 from __future__ import annotations
 
 import ctypes
-import threading
 import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 from ..jit import core as _jit_core
+from ..locks import ForkSafeLock
 from ..work_info import LAUNCH_ERROR_PENDING, LAUNCH_REDUCE_FAILED
 
 
@@ -134,7 +134,7 @@ class IdentityCache:
         self.entries: dict = {}
         self._refs: dict = {}
         self.limit = limit
-        self._lock = threading.RLock()   # a callback may run inside put (a collection)
+        self._lock = ForkSafeLock(reentrant=True)   # a callback may run inside put (a collection)
         _jit_core.on_reset(self.clear)
 
     def put(self, key, value, tensors) -> None:

@@ -51,12 +51,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from .. import arch as _arch
+from ..locks import ForkSafeLock
 from . import launch
 from .metadata_reference import (
     INT32_MAX,
@@ -249,7 +249,7 @@ class PlanRecord:
 
 
 _plans: dict[tuple, tuple] = {}
-_plans_lock = threading.Lock()
+_plans_lock = ForkSafeLock()
 _PLANS_PURGE_AT = 256
 
 
