@@ -12,6 +12,7 @@ kernel, a cache folder); 130 / 143 on Ctrl-C / SIGTERM, 141 on a closed pipe.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from .cli_errors import CommandLineError, missing_module_hint
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_NEGATIVE_LIST = re.compile(r"^-\d[\d.,]*$")   # argparse's own takes -1 and -.5, not -1,1
+
+
 def _mark_leaves(parser: argparse.ArgumentParser, leaves: dict) -> None:
     """Each sub-command's parser records its name as ``_leaf`` (and ``leaves`` maps it to the
     parser), so that an unknown argument is reported with that sub-command's usage (argparse
@@ -44,6 +48,9 @@ def _mark_leaves(parser: argparse.ArgumentParser, leaves: dict) -> None:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
+                # "-n -1,1" / "--ctx -5,7": a negative list is a value for the flag's own check
+                # to refuse, not an unknown option ("expected at least one argument")
+                child._negative_number_matcher = _NEGATIVE_LIST
                 child.set_defaults(_leaf=child.prog)
                 leaves[child.prog] = child
                 _mark_leaves(child, leaves)

@@ -116,11 +116,22 @@ def test_build_failure_exits_nonzero_and_reports(fake_jit, capsys, monkeypatch):
     (["metadata", "--batch", "4", "--ctx", "100", "--heads", "129"], "--heads * --qlen = 129 * 1 is not supported"),
     (["metadata", "--batch", "4", "--ctx", "100", "--qlen", "1,17"], "--heads * --qlen = 128 * 17 is not supported"),
     (["deps", "fetch", "nosuch"], "'nosuch' is not pinned"),
+    # a negative list reaches the flag's own check (argparse took '-1,1' for an unknown option:
+    # "expected at least one argument")
+    (["metadata", "--batch", "2", "--ctx", "-5,7"], "--ctx lengths must be >= 0 tokens, got '-5,7'"),
 ])
 def test_bad_usage_exits_2_with_reason(fake_jit, capsys, argv, needle):
     """A wrong command line exits 2, as argparse's own errors do (a failed build exits 1)."""
     assert main(argv) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_a_negative_list_reaches_the_flags_own_check(capsys):
+    """argparse took '-1,1' for an unknown option ("expected at least one argument")."""
+    with pytest.raises(SystemExit) as exc:   # an argparse type error: its usage and exit 2
+        main(["bench", "-n", "-1,1", "--compile-only"])
+    assert exc.value.code == 2
+    assert "argument -n/--heads-qlen: heads and qlen must be >= 1, got '-1,1'" in capsys.readouterr().err
 
 
 def test_rebuild_forces_a_build_and_old_module_keeps_working(fake_jit):
