@@ -2,8 +2,8 @@
 
 A lock another thread of the parent held at ``fork()`` stays held in the child forever (only
 the forking thread is copied), so the child's first call that takes it hangs: a data-loader
-worker forked while the engine's thread recorded a plan, for one. The JIT core resets its own
-locks the same way (:func:`aiter_mla.jit.core._locks_after_fork`).
+worker forked while the engine's thread recorded a plan or built a variant, for one. Used by
+the JIT core and the ops.
 """
 from __future__ import annotations
 

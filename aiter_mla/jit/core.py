@@ -22,13 +22,13 @@ import contextlib
 import json
 import os
 import shutil
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import env
+from ..locks import ForkSafeLock
 from ..arch import is_experimental_enabled
 from . import key as keymod
 from . import third_party
@@ -50,23 +50,14 @@ class CompileOnlyError(RuntimeError):
 
 
 _memo: dict[tuple, Module] = {}
-_global_lock = threading.Lock()
-_variant_locks: dict[tuple, threading.Lock] = {}
+# Fresh in a forked child (aiter_mla/locks.py): a lock another thread of the parent held at the
+# fork (a build in progress) would stay held there for ever. The cross-process file lock is
+# another matter: the child takes its own and waits on it as any other process does (only a
+# parent SIGKILLed mid-build may leave it held until the child exits, where the child inherited
+# its descriptor).
+_global_lock = ForkSafeLock()
+_variant_locks: dict[tuple, ForkSafeLock] = {}
 _reset_hooks: list = []   # callables reset_state() runs (on_reset)
-
-
-def _locks_after_fork() -> None:
-    """In a forked child, fresh thread locks: a lock another thread of the parent held at the
-    fork (a build in progress) would stay held in the child forever. The cross-process file
-    lock is another matter: the child takes its own and waits on it as any other process does
-    (only a parent SIGKILLed mid-build may leave it held until the child exits, where the child
-    inherited its descriptor)."""
-    global _global_lock, _variant_locks
-    _global_lock = threading.Lock()
-    _variant_locks = {}
-
-
-os.register_at_fork(after_in_child=_locks_after_fork)
 
 
 def on_reset(hook) -> None:
@@ -536,11 +527,11 @@ def _sha(path: Path) -> tuple[int, str]:
     return file_sha256(path)
 
 
-def _variant_lock(memo_key: tuple) -> threading.Lock:
+def _variant_lock(memo_key: tuple) -> ForkSafeLock:
     with _global_lock:
         lk = _variant_locks.get(memo_key)
         if lk is None:
-            lk = _variant_locks[memo_key] = threading.Lock()
+            lk = _variant_locks[memo_key] = ForkSafeLock()
         return lk
 
 
