@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class EnvVar:
     lenient: bool = False
     #: What a set value must parse as, checked for every command by :func:`check_values`:
     #: "flag" (get_flag), "int" / "positive int" (get_int), "seconds" (a number >= 0), "words"
-    #: (shell words, get_words), or "text" (anything).
+    #: (shell words, get_words), "path" (get_path: ``~`` / ``~user`` must expand), or "text"
+    #: (anything).
     kind: str = "text"
     #: Bounds of an "int" / "positive int" value (inclusive), checked by :func:`get_int`.
     minimum: int | None = None
@@ -46,7 +48,7 @@ def _declare(name: str, key_changing: bool, default: str | None, doc: str,
 
 
 # --- where and whether we build (neutral: the artifact is the same) ---
-_declare("AITER_MLA_CACHE_DIR", False, None, "JIT cache root (default ~/.cache/aiter_mla)")
+_declare("AITER_MLA_CACHE_DIR", False, None, "JIT cache root (default ~/.cache/aiter_mla)", kind="path")
 _declare("AITER_MLA_DISABLE_JIT", False, "0", "1: load only what is already built; never compile",
          kind="flag")
 _declare("AITER_REBUILD", False, "0", "AITER's knob: >=1 rebuilds each module once per process",
@@ -58,14 +60,14 @@ _declare("CUDA_HOME", False, None, "CUDA toolkit root, searched for nvcc")
 _declare("CUDA_PATH", False, None, "CUDA toolkit root (Windows-style name), searched for nvcc")
 _declare("ROCM_PATH", False, None, "ROCm root, searched for hipcc")
 _declare("AITER_MLA_CLANG", False, None, "clang used for the gfx942 compile-only check")
-_declare("HIP_KITTENS_DIR", False, None, "existing HipKittens checkout (verified against the pin)")
+_declare("HIP_KITTENS_DIR", False, None, "existing HipKittens checkout (verified against the pin)", kind="path")
 _declare("AITER_MLA_VERBOSE", False, "0", "1: log every build command", kind="flag")
 _declare("MAX_JOBS", False, None, "parallel builds of 'aiter-mla jit build' and 'bench' when -j is not given (0: the default)", kind="int",
          minimum=0)
 _declare("HOME", False, None, "home folder, for the default cache root")
 _declare("XDG_CACHE_HOME", False, None, "base of the default cache root when set")
-_declare("AITER_MLA_CONFIG", False, None, "jit_config.json to use instead of the repository's")
-_declare("AITER_MLA_TEMPLATES_DIR", False, None, "templates folder to use instead of the repository's")
+_declare("AITER_MLA_CONFIG", False, None, "jit_config.json to use instead of the repository's", kind="path")
+_declare("AITER_MLA_TEMPLATES_DIR", False, None, "templates folder to use instead of the repository's", kind="path")
 _declare("AITER_MLA_HIPCC", False, None, "path of hipcc (else ROCM_PATH/bin/hipcc, /opt/rocm, PATH)")
 _declare("AITER_MLA_GIT", False, None, "git used by 'aiter-mla deps fetch' (else git on PATH)")
 # --- what we schedule and launch (runtime policy, not codegen) ---
@@ -208,6 +210,22 @@ def get_words(name: str) -> list[str]:
                          f"({exc}), got {value!r}") from None
 
 
+def get_path(name: str) -> Path | None:
+    """The variable as an absolute path, ``~`` and ``~user`` expanded and a relative path taken
+    from the current directory (not resolved: links stay as given); None when unset, empty or
+    blank. Raises ValueError naming the variable when a ``~user`` cannot be expanded (pathlib's
+    own error, "Could not determine home directory.", names neither)."""
+    value = get(name)
+    if value is None:
+        return None
+    try:
+        return Path(value).expanduser().absolute()
+    except RuntimeError:
+        head = value.split("/", 1)[0]
+        raise ValueError(f"environment variable {name} must be a path whose {head!r} names a user "
+                         f"with a home folder, got {value!r}") from None
+
+
 def check_values() -> None:
     """Parses every declared variable that is set by its kind and raises ValueError naming
     the first malformed one (the CLI runs this before every command, so a typo such as
@@ -223,6 +241,8 @@ def check_values() -> None:
             get_float(name, 0.0, minimum=0.0)
         elif var.kind == "words":
             get_words(name)
+        elif var.kind == "path":
+            get_path(name)
 
 
 def child_environ(**overrides: str) -> dict[str, str]:

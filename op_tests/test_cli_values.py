@@ -115,3 +115,19 @@ def test_main_restores_the_callers_sigterm_handler(tmp_path, capsys):
     finally:
         signal.signal(signal.SIGTERM, old)
     capsys.readouterr()
+
+
+def test_metadata_seed_only_with_a_random_ctx(capsys):
+    """``metadata --ctx 10 --seed 5`` took the seed and ignored it (it only seeds --ctx LO-HI:
+    fresh-user report): a usage error naming both flags; with LO-HI it picks the lengths."""
+    assert cli.main(["metadata", "--batch", "2", "--ctx", "10", "--seed", "5"]) == 2
+    assert "--seed applies only to a random --ctx LO-HI, got --ctx '10' with --seed 5" in capsys.readouterr().err
+    runs = []
+    for seed in ("1", "1", "2"):
+        assert cli.main(["metadata", "--batch", "8", "--ctx", "1-5000", "--seed", seed, "--json"]) == 0
+        runs.append(capsys.readouterr().out)
+    assert runs[0] == runs[1] != runs[2]
+    assert cli.main(["metadata", "--batch", "8", "--ctx", "1-5000", "--json"]) == 0   # seed 0
+    assert cli.main(["metadata", "--batch", "8", "--ctx", "1-5000", "--seed", "0", "--json"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == out[1]

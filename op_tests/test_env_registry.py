@@ -92,7 +92,8 @@ def test_cu_num_must_be_a_positive_integer(monkeypatch, value):
 
 
 def test_every_variable_has_a_kind():
-    assert {v.kind for v in env.registry().values()} <= {"flag", "int", "positive int", "seconds", "words", "text"}
+    assert {v.kind for v in env.registry().values()} <= {"flag", "int", "positive int", "seconds", "words", "path",
+                                                             "text"}
 
 
 @pytest.mark.parametrize("name, bad, good", [
@@ -104,6 +105,8 @@ def test_every_variable_has_a_kind():
     ("CU_NUM", "2000000000", "4096"),
     # an unbalanced quote surfaced as shlex's "No closing quotation", naming nothing
     ("AITER_MLA_EXTRA_NVCC_FLAGS", "-DX='a", "-DX='a b'"), ("AITER_MLA_EXTRA_HIP_FLAGS", '"-O3', "-O3"),
+    # a ~user with no home folder: pathlib's "Could not determine home directory." named nothing
+    ("AITER_MLA_CACHE_DIR", "~aiter_mla_no_such_user_x/c", "~/c"),
 ])
 def test_check_values_names_a_malformed_variable(monkeypatch, capsys, name, bad, good):
     """Every command checks every set variable by its kind first (`aiter-mla info` with

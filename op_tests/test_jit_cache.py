@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -231,6 +232,13 @@ def test_half_written_artifact_is_never_published(fake_jit, monkeypatch, mode, w
     assert why in str(ei.value)
     assert not (fake_jit.root / "entries").exists() or not list((fake_jit.root / "entries").iterdir())
     assert ei.value.source_path.is_file()  # kept for inspection under failed/
+    # the message names the kept folder (the staging one is gone) and a command to paste: shell
+    # words holding the kept source (it was unquoted, on the staging paths: fresh-user report)
+    msg = str(ei.value)
+    assert f"rendered source and build.log: {ei.value.source_path.parent}\n" in msg
+    assert "staging" not in msg
+    again = msg.split("command, on the kept source: ", 1)[1].splitlines()[0]
+    assert str(ei.value.source_path) in shlex.split(again)
     monkeypatch.setenv("FAKE_CC_MODE", "ok")
     core.reset_state()
     assert _answer(core.get_module("fake", **P)) == 42
@@ -633,6 +641,22 @@ def test_default_root_ignores_a_relative_xdg_cache_home(monkeypatch, tmp_path):
     assert default_root() == tmp_path / ".cache" / "aiter_mla"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_root() == tmp_path / "xdg" / "aiter_mla"
+
+
+def test_default_root_ignores_a_relative_home(monkeypatch, tmp_path):
+    """HOME=relhome put the default cache under the working folder, so it moved with the
+    current directory (fresh-user report); like a relative XDG_CACHE_HOME it is ignored, and the
+    account's home folder is used."""
+    from pathlib import Path
+
+    from aiter_mla.jit.cache import _account_home, default_root
+
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", "relhome")
+    assert default_root() == Path(_account_home()) / ".cache" / "aiter_mla"
+    assert default_root().is_absolute()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_root() == tmp_path / ".cache" / "aiter_mla"
 
 
 def test_info_reports_a_broken_cache_root_and_writes_nothing(jit_clean, monkeypatch, tmp_path, capsys):

@@ -211,6 +211,34 @@ def test_info_reports_a_compiler_variable_that_does_not_work(fake_jit, capsys, m
     assert not any(line.startswith("problem: gfx") for line in out.splitlines())
 
 
+@pytest.mark.parametrize("var", ["AITER_MLA_CACHE_DIR", "AITER_MLA_CONFIG", "AITER_MLA_TEMPLATES_DIR",
+                                 "HIP_KITTENS_DIR"])
+def test_a_path_variable_with_an_unknown_user(fake_jit, capsys, monkeypatch, var):
+    """A path variable holding '~nosuchuser/x': every command failed with pathlib's bare "Could
+    not determine home directory." and info printed nothing else (fresh-user report). Now info
+    shows the rest and lists the variable once as a problem (exit 1), other commands exit 2
+    naming it, and the Python API raises ValueError naming it."""
+    from aiter_mla import env
+    from aiter_mla.jit import get_module
+
+    value = "~aiter_mla_no_such_user_x/x"
+    monkeypatch.setenv(var, value)
+    core.reset_state()
+    assert main(["info"]) == 1
+    out = capsys.readouterr().out
+    want = f"environment variable {var} must be a path whose '~aiter_mla_no_such_user_x' names a user"
+    assert sum(want in line for line in out.splitlines() if line.startswith("problem:")) == 1, out
+    assert "cache:" in out and "toolchain" in out   # the rest of the report is there
+    with pytest.raises(ValueError, match=want):
+        env.get_path(var)
+    assert main(["jit", "list"]) != 0
+    assert want in capsys.readouterr().err
+    if var != "HIP_KITTENS_DIR":
+        core.reset_state()
+        with pytest.raises(ValueError, match=want):
+            get_module("convert_fp8", arch="sm_90a", out_dtype="bf16")
+
+
 def test_info_reports_a_compiler_that_fails_its_version_probe(fake_jit, capsys, monkeypatch, tmp_path):
     """AITER_MLA_NVCC=/bin/false (its --version fails) exited 0 after the first fix, which only
     caught "not an executable file" (a review); under AITER_MLA_DISABLE_JIT nothing is built, so

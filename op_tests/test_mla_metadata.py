@@ -649,6 +649,22 @@ def test_op_argument_checks(monkeypatch):
         md.get_mla_metadata_v1(torch.tensor(qo, dtype=torch.int32), torch.tensor(kv),
                                torch.tensor(lpl, dtype=torch.int32), 16, 1, False, *b[:1],
                                b[2], b[1], *b[3:], max_seqlen_qo=1)
+    # an output buffer passed twice, or one overlapping another: the reduce step overwrote
+    # work_indptr and the call returned a wrong plan (fresh-user report)
+    bufs = alloc(info)
+    bufs[3] = bufs[1]
+    with pytest.raises(ValueError, match=r"work_indptr and reduce_indptr must not share memory"):
+        call_op(bufs, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
+    bufs = alloc(info)
+    bufs[5] = bufs[2].view(-1)[1:]
+    with pytest.raises(ValueError, match=r"work_info_set and reduce_partial_map must not share memory"):
+        call_op(bufs, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
+    bufs = alloc(info)
+    kv_t = torch.tensor(kv, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"reduce_indptr and seqlens_kv_indptr must not share memory"):
+        md.get_mla_metadata_v1(torch.tensor(qo, dtype=torch.int32), kv_t, torch.tensor(lpl, dtype=torch.int32),
+                               16, 1, False, bufs[0], bufs[2], bufs[1], kv_t, bufs[4], bufs[5],
+                               page_size=16, max_seqlen_qo=1)
     # buffers sized for 128 heads (CU_NUM 10: 5 lists) used for 16 (20 lists): the message
     # names the head count, q length and list count that decided the size
     big_heads = alloc(md.get_mla_metadata_info_v1(2, 1, 128, None, None))

@@ -82,16 +82,18 @@ class Corrupt:
 def default_root() -> Path:
     """``$XDG_CACHE_HOME/aiter_mla`` if that is set to an absolute path (the XDG spec says a
     relative one is to be ignored: it would put the cache under whatever folder the process
-    starts in), else ``~/.cache/aiter_mla``."""
+    starts in), else ``~/.cache/aiter_mla``: HOME when absolute, else the account's home folder
+    (a relative HOME would move the cache with the current folder too)."""
     xdg = env.get("XDG_CACHE_HOME")
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "aiter_mla"
-    return Path(env.get("HOME") or _account_home()) / ".cache" / "aiter_mla"
+    home = env.get("HOME")
+    return Path(home if home and os.path.isabs(home) else _account_home()) / ".cache" / "aiter_mla"
 
 
 def _account_home() -> str:
-    """The user's home folder from the password database: HOME is unset or blank here, and
-    os.path.expanduser("~") would read that blank HOME back (a cache under "  /.cache")."""
+    """The user's home folder from the password database: HOME is unset, blank or relative here,
+    and os.path.expanduser("~") would read that HOME back (a cache under "  /.cache")."""
     try:
         import pwd
         return pwd.getpwuid(os.getuid()).pw_dir

@@ -660,6 +660,13 @@ def _root_summary(cache) -> dict:
     return out
 
 
+def _templates_shown() -> str:
+    try:
+        return str(templates_dir())
+    except ValueError as exc:   # AITER_MLA_TEMPLATES_DIR cannot expand: a problem above
+        return f"unusable ({exc})"
+
+
 def cmd_info(args) -> int:
     # A diagnostic: a bad config or variable is reported among the rest (exit 1), not instead
     # of it (the CLI skips its own variable check for this command).
@@ -672,12 +679,16 @@ def cmd_info(args) -> int:
         cfg = load_config()
     except (OSError, ValueError) as exc:
         cfg = None
-        problems.append(str(exc) if str(exc).startswith("jit config") else f"jit config: {exc}")
+        if str(exc) not in problems:   # AITER_MLA_CONFIG's own value: listed once
+            problems.append(str(exc) if str(exc).startswith("jit config") else f"jit config: {exc}")
     try:
         no_builds = env.get_flag("AITER_MLA_DISABLE_JIT")
     except ValueError:   # malformed: already a problem above
         no_builds = False
-    st = core._get_state()
+    try:
+        st = core._get_state()
+    except ValueError:   # an AITER_MLA_CACHE_DIR that cannot expand: a problem above; show the default root
+        st = core._State(default=True)
     toolchains = {}
     for arch in ARCHS:
         try:
@@ -697,7 +708,7 @@ def cmd_info(args) -> int:
         try:
             co = third_party.resolve(pin, st.cache, allow_fetch=False)
             entry.update(status="ok", path=str(co.path), origin=co.origin)
-        except (third_party.ThirdPartyError, OSError) as exc:
+        except (third_party.ThirdPartyError, OSError, ValueError) as exc:
             entry.update(status="not available", detail=str(exc))
         pins[name] = entry
     cache = _root_summary(st.cache)
@@ -724,7 +735,7 @@ def cmd_info(args) -> int:
         "toolchains": toolchains,
         "gpu": _gpu(),
         "cache": {**cache, "note": cache_note, "also_read": [_root_summary(o) for o in st.caches[1:]]},
-        "config": str(cfg.path) if cfg is not None else None, "templates": str(templates_dir()),
+        "config": str(cfg.path) if cfg is not None else None, "templates": _templates_shown(),
         "experimental_enabled": is_experimental_enabled(),
         "third_party": pins,
         "env": {n: {"value": env.get(n), "set": env.is_set(n),

@@ -196,15 +196,13 @@ def _is_allowed(value: Any, allowed: tuple) -> bool:
 def config_path() -> Path:
     """``AITER_MLA_CONFIG`` if set (a relative path is taken from the current directory), else
     the repository's ``jit_config.json``."""
-    override = env.get("AITER_MLA_CONFIG")
-    return Path(override).expanduser().absolute() if override else paths.JIT_CONFIG_PATH
+    return env.get_path("AITER_MLA_CONFIG") or paths.JIT_CONFIG_PATH
 
 
 def templates_dir() -> Path:
     """``AITER_MLA_TEMPLATES_DIR`` if set, else the repository's ``templates/``. Always absolute:
     the compiler runs in a staging folder, so a relative ``-I`` would find no header there."""
-    override = env.get("AITER_MLA_TEMPLATES_DIR")
-    return Path(override).expanduser().absolute() if override else paths.TEMPLATES_DIR
+    return env.get_path("AITER_MLA_TEMPLATES_DIR") or paths.TEMPLATES_DIR
 
 
 def load_config(path: str | os.PathLike | None = None) -> JitConfig:

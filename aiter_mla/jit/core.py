@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import time
 from dataclasses import dataclass
@@ -70,12 +71,13 @@ def on_reset(hook) -> None:
 class _State:
     """Per-process knowledge: cache roots, compilers found, variants rebuilt."""
 
-    def __init__(self, root: Path | None = None) -> None:
-        explicit = env.get("AITER_MLA_CACHE_DIR")
+    def __init__(self, root: Path | None = None, default: bool = False) -> None:
+        # default: the default root whatever AITER_MLA_CACHE_DIR says (`info` when it is unusable)
+        explicit = None if default else env.get_path("AITER_MLA_CACHE_DIR")
         if root is not None:   # a command's --cache-dir
             self.caches = [Cache(root, explicit=True, origin="--cache-dir")]
-        elif explicit:
-            self.caches = [Cache(Path(explicit).expanduser().absolute(), explicit=True)]
+        elif explicit is not None:
+            self.caches = [Cache(explicit, explicit=True)]
         else:
             self.caches = [Cache(default_root(), explicit=False)]
             fb = existing_private_fallback_root()   # where an earlier process built, root read-only
@@ -494,10 +496,11 @@ def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, so
     if problem:
         kept = cache.keep_failed(key, staging)
         tail = "\n".join(output.strip().splitlines()[-40:])
+        # the command on the kept source (the staging folder is gone), shell-quoted to paste
+        again = shlex.join(compiler.command(plan.flags, kept, kept.parent / out.name, plan.include_dirs))
         raise BuildError(
             f"build of {variant} failed: {problem}\n  params: {plan.params}\n"
-            f"  rendered source: {kept}\n  command (run in the staging folder as build.log shows): "
-            f"{' '.join(cmd)}\n"
+            f"  rendered source and build.log: {kept.parent}\n  command, on the kept source: {again}\n"
             f"  compiler output (last 40 lines):\n{tail}",
             variant=variant, params=plan.params, source_path=kept, command=cmd,
             returncode=rc, stderr_tail=tail)

@@ -122,7 +122,7 @@ def resolve(pin: ThirdPartyPin, cache: Cache, allow_fetch: bool) -> Checkout:
     var = ENV_DIRS.get(pin.name)
     given = env.get(var) if var else None
     if given:
-        path = Path(given).expanduser().resolve()
+        path = env.get_path(var).resolve()
         if not path.is_dir():
             raise ThirdPartyError(f"{var}={given!r} is not a folder")
         head = read_git_head(path) or _git_rev_parse(path)

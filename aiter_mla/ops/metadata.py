@@ -319,6 +319,27 @@ def _check_buffer(t, name: str, dtype, min_rows: int, cols: int | None, device,
             f"(allocate it from get_mla_metadata_info_v1 with {sizing()})")
 
 
+def _byte_span(t) -> tuple[int, int]:
+    """The bytes [start, end) a tensor's elements occupy (empty: start == end)."""
+    if t.numel() == 0:
+        return t.data_ptr(), t.data_ptr()
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _check_disjoint(outputs, inputs) -> None:
+    """Raises ValueError naming the first output buffer that shares bytes with another output or
+    with an input: the scheduler writes them in turn, so one would overwrite another and the
+    plan would be silently wrong (a work_indptr passed again as reduce_indptr was)."""
+    spans = [(name, t, _byte_span(t)) for name, t in list(outputs) + list(inputs)]
+    for i, (a, _, (a0, a1)) in enumerate(spans[:len(outputs)]):
+        for b, _, (b0, b1) in spans[i + 1:]:
+            if a0 < b1 and b0 < a1:
+                raise ValueError(f"{a} and {b} must not share memory, got overlapping bytes "
+                                 f"[{a0:#x}, {a1:#x}) and [{b0:#x}, {b1:#x}): each output buffer "
+                                 f"needs its own allocation (get_mla_metadata_info_v1)")
+
+
 _vp, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 #: ``aiter_mla_get_metadata_v1`` of templates/mla_metadata.cu.j2: a ``MetadataArgs`` pointer
@@ -395,8 +416,8 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     an earlier decode kernel found on this device (before this call launches anything);
     NotImplementedError for ``topk >= 0``, ``intra_batch_mode``, ``fast_mode=False``,
     ``num_heads_k != 1``, ``num_heads_per_head_k > 128`` or ``max_seqlen_qo > 16``; ValueError /
-    TypeError for bad arguments (named, with expected and actual values) or buffers too small
-    for this input; RuntimeError
+    TypeError for bad arguments (named, with expected and actual values), buffers too small
+    for this input, or output buffers that share memory with each other or an input; RuntimeError
     when the cluster count cannot be known (CPU tensors, no visible GPU and ``CU_NUM`` unset) or
     the launch fails, and on CUDA the JIT errors of :func:`aiter_mla.jit.get_module` on a
     variant's first use in a process (all RuntimeError subclasses: ToolchainError, BuildError,
@@ -513,6 +534,11 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
     _check_buffer(reduce_final_map, "reduce_final_map", torch.int32, nb, 2, device, sizing)
     _check_buffer(reduce_partial_map, "reduce_partial_map", torch.int32,
                   max_partial_entries(nb, nsplit), None, device, sizing)
+    _check_disjoint((("work_metadata_ptrs", work_metadata_ptrs), ("work_indptr", work_indptr),
+                     ("work_info_set", work_info_set), ("reduce_indptr", reduce_indptr),
+                     ("reduce_final_map", reduce_final_map), ("reduce_partial_map", reduce_partial_map)),
+                    (("seqlens_qo_indptr", seqlens_qo_indptr), ("seqlens_kv_indptr", seqlens_kv_indptr),
+                     ("kv_last_page_lens", kv_last_page_lens)))
 
     prepared = None
     if device.type == "cuda":

@@ -47,9 +47,11 @@ def _no_more_than_batch(vals: list[int], batch: int, name: str, text: str) -> No
                                f"{max(batch, 1)} (one a request; a list is cycled over the batch), got {text!r}")
 
 
-def _lengths(spec: str, batch: int, seed: int) -> list[int]:
-    """``N``, ``a,b,c`` (cycled over the batch) or ``LO-HI`` (uniform random, seeded)."""
+def _lengths(spec: str, batch: int, seed: int | None) -> list[int]:
+    """``N``, ``a,b,c`` (cycled over the batch) or ``LO-HI`` (uniform random, seeded: ``seed``,
+    0 when None; a seed given with another form is an error, since it would be ignored)."""
     if "-" in spec.strip("-"):
+        seed = 0 if seed is None else seed
         try:
             lo, hi = (int(x) for x in spec.split("-", 1))
         except ValueError:
@@ -58,6 +60,9 @@ def _lengths(spec: str, batch: int, seed: int) -> list[int]:
             raise CommandLineError(f"--ctx range LO-HI needs 0 <= LO <= HI, got {spec!r}")
         rng = random.Random(seed)
         return [rng.randint(lo, hi) for _ in range(batch)]
+    if seed is not None:
+        raise CommandLineError(f"--seed applies only to a random --ctx LO-HI, got --ctx {spec!r} "
+                               f"with --seed {seed}")
     vals = _int_list(spec, "ctx")
     _no_more_than_batch(vals, batch, "ctx", spec)
     if min(vals) < 0:
@@ -248,7 +253,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-split-per-batch", type=int, default=-1,
                    help="caps the split count at this x --batch, as AITER's max_split_per_batch "
                         "(default -1: no cap)")
-    p.add_argument("--seed", type=int, default=0, help="seed for --ctx LO-HI")
+    p.add_argument("--seed", type=int, default=None, help="seed for --ctx LO-HI (default 0; only with LO-HI)")
     p.add_argument("--works", action="store_true", help="also list every work record")
     p.add_argument("--json", action="store_true", help="print the schedule as JSON")
     p.set_defaults(func=run)
