@@ -134,10 +134,12 @@ __device__ __forceinline__ void handover_wait(int from) {
 // order, so the sums do not depend on the page size. Between the second and the third group
 // `between()` runs: the caller waits there for its PV issued before QK (wgmma_wait<2>) and
 // releases that stage's part without waiting for this tile's last part.
-template <class C, class WaitPart, class Between>
+template <class C, int BetweenAt, class WaitPart, class Between>
 __device__ __forceinline__ void qk_issue_parts(float (&s)[8][4], uint32_t q_addr, uint32_t k_addr,
                                                WaitPart wait_part, Between between) {
+  static_assert(BetweenAt >= 0 && BetweenAt <= 2, "between() runs before commit group 0, 1 or 2");
   wg::fence_operands(s);
+  if (BetweenAt == 0) between();
   wait_part(0);
   wg::wgmma_fence();
   wg::wgmma_qk<false, 0>(s, wg::q_desc<C>(q_addr, 32), wg::k_desc<C>(k_addr, 32));
@@ -146,7 +148,7 @@ __device__ __forceinline__ void qk_issue_parts(float (&s)[8][4], uint32_t q_addr
   wg::wgmma_commit();
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (h == 1) between();
+    if (BetweenAt == 1 + h) between();
     wait_part(C::kParts > 1 ? 1 + h : 0);
     wg::wgmma_fence();
 #pragma unroll
