@@ -349,3 +349,12 @@ if __name__ == "__main__":
             print(_report(found))
         print()
     sys.exit(1 if total else 0)
+
+
+def test_perf_records_hold_no_local_checkout_paths():
+    """Two docs/perf records named their arms by the author's checkout ("/work/main/.ab/b3/
+    templates"): a path that exists on no reader's machine. Records name arms relative to the
+    repository (an audit found them)."""
+    bad = sorted(p.name for p in (ROOT / "docs" / "perf").glob("*.json")
+                 if re.search(r"/work/main/|" + re.escape(str(ROOT)) + "/", p.read_text(encoding="utf-8")))
+    assert not bad, f"docs/perf records with absolute checkout paths: {bad}"
