@@ -215,34 +215,45 @@ def get_path(name: str) -> Path | None:
     from the current directory (not resolved: links stay as given); None when unset, empty or
     blank. Raises ValueError naming the variable when a ``~user`` cannot be expanded (pathlib's
     own error, "Could not determine home directory.", names neither)."""
+    from .paths import absolute_path
+
     value = get(name)
-    if value is None:
-        return None
-    try:
-        return Path(value).expanduser().absolute()
-    except RuntimeError:
-        head = value.split("/", 1)[0]
-        raise ValueError(f"environment variable {name} must be a path whose {head!r} names a user "
-                         f"with a home folder, got {value!r}") from None
+    return None if value is None else absolute_path(value, f"environment variable {name}")
+
+
+def _check_one(name: str, var: EnvVar) -> None:
+    if var.kind == "flag":
+        get_flag(name)
+    elif var.kind in ("int", "positive int"):
+        get_int(name)
+    elif var.kind == "seconds":
+        get_float(name, 0.0, minimum=0.0)
+    elif var.kind == "words":
+        get_words(name)
+    elif var.kind == "path":
+        get_path(name)
+
+
+def problems() -> list[str]:
+    """The message of every declared variable that is set and malformed, by name
+    (``aiter-mla info`` lists them all)."""
+    found = []
+    for name, var in sorted(_REGISTRY.items()):
+        if is_set(name):
+            try:
+                _check_one(name, var)
+            except ValueError as exc:
+                found.append(str(exc))
+    return found
 
 
 def check_values() -> None:
     """Parses every declared variable that is set by its kind and raises ValueError naming
     the first malformed one (the CLI runs this before every command, so a typo such as
     ``AITER_MLA_LOCK_TIMEOUT=-1`` fails at once instead of at the first build)."""
-    for name, var in sorted(_REGISTRY.items()):
-        if not is_set(name):
-            continue
-        if var.kind == "flag":
-            get_flag(name)
-        elif var.kind in ("int", "positive int"):
-            get_int(name)
-        elif var.kind == "seconds":
-            get_float(name, 0.0, minimum=0.0)
-        elif var.kind == "words":
-            get_words(name)
-        elif var.kind == "path":
-            get_path(name)
+    found = problems()
+    if found:
+        raise ValueError(found[0])
 
 
 def child_environ(**overrides: str) -> dict[str, str]:

@@ -24,11 +24,24 @@ TEMPLATES_DIR = _DATA_ROOT / "templates"
 JIT_CONFIG_PATH = _DATA_ROOT / "jit_config.json"
 
 
+def absolute_path(text: str | os.PathLike, name: str) -> Path:
+    """``text`` with ``~`` / ``~user`` expanded, made absolute from the current folder (links
+    kept as given). Raises ValueError naming ``name`` (a flag or "environment variable X") when a
+    ``~user`` cannot be expanded: pathlib's own "Could not determine home directory." names
+    neither the value nor where it came from."""
+    try:
+        return Path(text).expanduser().absolute()
+    except RuntimeError:
+        head = str(text).split("/", 1)[0]
+        raise ValueError(f"{name} must be a path whose {head!r} names a user with a home folder, "
+                         f"got {str(text)!r}") from None
+
+
 def unmakeable_folder_reason(path: str | os.PathLike) -> str | None:
     """Why ``path`` can be neither used nor created as a folder, or None when it can: the
     nearest part of it that exists must be a folder this user may write into. Checks only;
-    creates nothing."""
-    probe = Path(path).expanduser().absolute()
+    creates nothing. Raises ValueError for a ``~user`` that cannot be expanded."""
+    probe = absolute_path(path, "the folder")
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():

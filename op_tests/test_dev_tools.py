@@ -142,6 +142,16 @@ def test_case_variants_use_the_ops_dispatch():
 # template_ab: rotation, summary, tables
 
 
+def test_recorded_arm_folders_are_repository_relative(tmp_path):
+    """The A/B record named arms by the author's checkout ("/work/main/.ab/b3/templates"), which
+    docs/perf may not hold: folders inside the checkout are recorded relative to it."""
+    from aiter_mla.paths import REPO_ROOT, TEMPLATES_DIR
+
+    assert ab.recorded_path(TEMPLATES_DIR) == str(TEMPLATES_DIR.relative_to(REPO_ROOT))   # "templates" here
+    assert ab.recorded_path(REPO_ROOT / ".ab" / "x" / "templates") == ".ab/x/templates"
+    assert ab.recorded_path(tmp_path) == str(tmp_path)
+
+
 def test_round_orders():
     assert ab.round_orders(3, 3) == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
     assert ab.round_orders(2, 3) == [[0, 1], [1, 0], [0, 1]]

@@ -339,6 +339,15 @@ def test_helpers():
     assert DESIGN_CITE.search("docs/DESIGN.md §3.1, §5").group("secs").count("§") == 2
 
 
+def test_perf_records_hold_no_local_checkout_paths():
+    """Two docs/perf records named their arms by the author's checkout ("/work/main/.ab/b3/
+    templates"): a path that exists on no reader's machine. Records name arms relative to the
+    repository (an audit found them)."""
+    bad = sorted(p.name for p in (ROOT / "docs" / "perf").glob("*.json")
+                 if re.search(r"/work/main/|" + re.escape(str(ROOT)) + "/", p.read_text(encoding="utf-8")))
+    assert not bad, f"docs/perf records with absolute checkout paths: {bad}"
+
+
 if __name__ == "__main__":
     total = 0
     for kind, fn in KINDS.items():
@@ -350,11 +359,3 @@ if __name__ == "__main__":
         print()
     sys.exit(1 if total else 0)
 
-
-def test_perf_records_hold_no_local_checkout_paths():
-    """Two docs/perf records named their arms by the author's checkout ("/work/main/.ab/b3/
-    templates"): a path that exists on no reader's machine. Records name arms relative to the
-    repository (an audit found them)."""
-    bad = sorted(p.name for p in (ROOT / "docs" / "perf").glob("*.json")
-                 if re.search(r"/work/main/|" + re.escape(str(ROOT)) + "/", p.read_text(encoding="utf-8")))
-    assert not bad, f"docs/perf records with absolute checkout paths: {bad}"

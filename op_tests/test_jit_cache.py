@@ -239,6 +239,7 @@ def test_half_written_artifact_is_never_published(fake_jit, monkeypatch, mode, w
     assert "staging" not in msg
     again = msg.split("command, on the kept source: ", 1)[1].splitlines()[0]
     assert str(ei.value.source_path) in shlex.split(again)
+    assert str(ei.value.source_path) in ei.value.command   # the attribute too (it held the staging path)
     monkeypatch.setenv("FAKE_CC_MODE", "ok")
     core.reset_state()
     assert _answer(core.get_module("fake", **P)) == 42
@@ -646,7 +647,7 @@ def test_default_root_ignores_a_relative_xdg_cache_home(monkeypatch, tmp_path):
 def test_default_root_ignores_a_relative_home(monkeypatch, tmp_path):
     """HOME=relhome put the default cache under the working folder, so it moved with the
     current directory (fresh-user report); like a relative XDG_CACHE_HOME it is ignored, and the
-    account's home folder is used."""
+    account's home folder is used, or the per-user temp root where the uid has no account."""
     from pathlib import Path
 
     from aiter_mla.jit.cache import _account_home, default_root
@@ -657,6 +658,17 @@ def test_default_root_ignores_a_relative_home(monkeypatch, tmp_path):
     assert default_root().is_absolute()
     monkeypatch.setenv("HOME", str(tmp_path))
     assert default_root() == tmp_path / ".cache" / "aiter_mla"
+    # a uid with no account (containers): the relative HOME was read back through expanduser
+    import pwd
+
+    from aiter_mla.jit.cache import fallback_root
+
+    def no_account(uid):
+        raise KeyError(uid)
+
+    monkeypatch.setattr(pwd, "getpwuid", no_account)
+    monkeypatch.setenv("HOME", "relhome")
+    assert default_root() == fallback_root() and default_root().is_absolute()
 
 
 def test_info_reports_a_broken_cache_root_and_writes_nothing(jit_clean, monkeypatch, tmp_path, capsys):

@@ -216,8 +216,8 @@ def test_info_reports_a_compiler_variable_that_does_not_work(fake_jit, capsys, m
 def test_a_path_variable_with_an_unknown_user(fake_jit, capsys, monkeypatch, var):
     """A path variable holding '~nosuchuser/x': every command failed with pathlib's bare "Could
     not determine home directory." and info printed nothing else (fresh-user report). Now info
-    shows the rest and lists the variable once as a problem (exit 1), other commands exit 2
-    naming it, and the Python API raises ValueError naming it."""
+    shows the rest and lists the variable once as a problem (exit 1), other commands fail
+    (exit 1) naming it, and the Python API raises ValueError naming it."""
     from aiter_mla import env
     from aiter_mla.jit import get_module
 
@@ -231,12 +231,28 @@ def test_a_path_variable_with_an_unknown_user(fake_jit, capsys, monkeypatch, var
     assert "cache:" in out and "toolchain" in out   # the rest of the report is there
     with pytest.raises(ValueError, match=want):
         env.get_path(var)
-    assert main(["jit", "list"]) != 0
+    assert main(["jit", "list"]) == 1
     assert want in capsys.readouterr().err
     if var != "HIP_KITTENS_DIR":
         core.reset_state()
         with pytest.raises(ValueError, match=want):
             get_module("convert_fp8", arch="sm_90a", out_dtype="bf16")
+
+
+def test_info_lists_every_malformed_variable(fake_jit, capsys, monkeypatch):
+    """info listed only the first malformed variable (a review): with two bad path variables
+    and a bad timeout, each has its problem line, and the unusable templates folder is not
+    also called missing."""
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", "~aiter_mla_no_such_user_x/c")
+    monkeypatch.setenv("AITER_MLA_TEMPLATES_DIR", "~aiter_mla_no_such_user_x/t")
+    monkeypatch.setenv("AITER_MLA_LOCK_TIMEOUT", "-1")
+    core.reset_state()
+    assert main(["info"]) == 1
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("problem: environment variable")]
+    assert [line.split()[3] for line in lines] == ["AITER_MLA_CACHE_DIR", "AITER_MLA_LOCK_TIMEOUT",
+                                                   "AITER_MLA_TEMPLATES_DIR"], out
+    assert "MISSING" not in out
 
 
 def test_info_reports_a_compiler_that_fails_its_version_probe(fake_jit, capsys, monkeypatch, tmp_path):

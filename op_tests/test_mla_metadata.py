@@ -659,6 +659,26 @@ def test_op_argument_checks(monkeypatch):
     bufs[5] = bufs[2].view(-1)[1:]
     with pytest.raises(ValueError, match=r"work_info_set and reduce_partial_map must not share memory"):
         call_op(bufs, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
+    # bytes, not elements: a buffer that starts inside another's last 8-byte element
+    big = torch.zeros(1 << 16, dtype=torch.uint8)
+    bufs = alloc(info)
+    bufs[0] = big[:16].view(torch.uint64)
+    bufs[1] = big[12:12 + 4 * bufs[1].numel()].view(torch.int32)
+    with pytest.raises(ValueError, match=r"work_metadata_ptrs and work_indptr must not share memory"):
+        call_op(bufs, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
+    # disjoint views of one allocation are fine, and plan what separate buffers plan
+    apart = alloc(info)
+    call_op(apart, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
+    packed, offset = [], 0
+    for t in alloc(info):
+        nbytes = t.numel() * t.element_size()
+        view = big[offset:offset + nbytes].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        packed.append(view)
+        offset += -(-nbytes // 8) * 8
+    call_op(packed, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
+    for a, b in zip(apart[1:], packed[1:]):   # [0] holds the buffers' own addresses
+        assert torch.equal(a, b)
     bufs = alloc(info)
     kv_t = torch.tensor(kv, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"reduce_indptr and seqlens_kv_indptr must not share memory"):

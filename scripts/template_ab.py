@@ -237,6 +237,19 @@ def case_variants(cases: list[Case]) -> list[dict]:
     return out
 
 
+def recorded_path(folder) -> str:
+    """An arm's folder as the record names it: relative to this checkout when inside it (a
+    reader's checkout is elsewhere; docs/perf records must not hold the author's path), else
+    as given."""
+    from aiter_mla.paths import REPO_ROOT
+
+    folder = Path(folder).absolute()
+    try:
+        return str(folder.relative_to(REPO_ROOT.absolute()))
+    except ValueError:
+        return str(folder)
+
+
 def round_orders(n_arms: int, rounds: int) -> list[list[int]]:
     """Arm indices in visiting order per round: round r starts at arm r % n_arms
     (3 arms x 3 rounds -> [[0, 1, 2], [1, 2, 0], [2, 0, 1]])."""
@@ -629,7 +642,7 @@ def run_ab(args, arms: list[Arm], folders: dict, params: list[dict], keys: dict 
     doc = {"tool": "scripts/template_ab.py", "commit": args.commit or environment.commit(exclude=args.output),
            "device": environment.machine(), "rounds": args.rounds, "order": order,
            "arms": [{"name": a.name, "spec": a.spec, "kind": a.kind,
-                     "templates": str(folders[a.name] or TEMPLATES_DIR),
+                     "templates": recorded_path(folders[a.name] or TEMPLATES_DIR),
                      "tree_sha256": tree_digest(folders[a.name] or TEMPLATES_DIR),
                      "decode_keys": (keys or {}).get(a.name)} for a in arms],
            "timing": "decode + reduce (mla_decode_fwd with a pre-made plan) per call: CUDA-graph "

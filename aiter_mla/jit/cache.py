@@ -83,22 +83,27 @@ def default_root() -> Path:
     """``$XDG_CACHE_HOME/aiter_mla`` if that is set to an absolute path (the XDG spec says a
     relative one is to be ignored: it would put the cache under whatever folder the process
     starts in), else ``~/.cache/aiter_mla``: HOME when absolute, else the account's home folder
-    (a relative HOME would move the cache with the current folder too)."""
+    (a relative HOME would move the cache with the current folder too), else, where neither
+    is known (a container's uid with no account and no usable HOME), :func:`fallback_root`."""
     xdg = env.get("XDG_CACHE_HOME")
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "aiter_mla"
     home = env.get("HOME")
-    return Path(home if home and os.path.isabs(home) else _account_home()) / ".cache" / "aiter_mla"
+    if not (home and os.path.isabs(home)):
+        home = _account_home()
+    return Path(home) / ".cache" / "aiter_mla" if home else fallback_root()
 
 
-def _account_home() -> str:
-    """The user's home folder from the password database: HOME is unset, blank or relative here,
-    and os.path.expanduser("~") would read that HOME back (a cache under "  /.cache")."""
+def _account_home() -> str | None:
+    """The user's home folder from the password database, or None where the uid has no
+    account (HOME is unset, blank or relative here, and os.path.expanduser("~") would read
+    that HOME back: a cache under "  /.cache" or under the current folder)."""
     try:
         import pwd
-        return pwd.getpwuid(os.getuid()).pw_dir
+        home = pwd.getpwuid(os.getuid()).pw_dir
     except (ImportError, KeyError):
-        return os.path.expanduser("~")
+        return None
+    return home if os.path.isabs(home) else None
 
 
 def fallback_root() -> Path:

@@ -20,7 +20,7 @@ from pathlib import Path
 from .. import env
 from ..cli_errors import CommandLineError, missing_module_hint
 from ..version import __version__
-from ..paths import unmakeable_folder_reason
+from ..paths import absolute_path, unmakeable_folder_reason
 from ..arch import AMD_ARCHS, ARCHS, NVIDIA_ARCHS, is_experimental_enabled
 from ..bench.commands import positive_int
 from . import core, third_party
@@ -108,6 +108,10 @@ def _add_cache_dir_arg(p) -> None:
 def _cache_dir(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError(f"expected a folder path, got {text!r}")
+    try:
+        absolute_path(text, "--cache-dir")
+    except ValueError as exc:   # an unknown ~user
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--cache-dir ")) from None
     if os.path.exists(text) and not os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"expected a folder, got {text!r}, which is not one")
     reason = unmakeable_folder_reason(text)
@@ -670,11 +674,7 @@ def _templates_shown() -> str:
 def cmd_info(args) -> int:
     # A diagnostic: a bad config or variable is reported among the rest (exit 1), not instead
     # of it (the CLI skips its own variable check for this command).
-    problems = []
-    try:
-        env.check_values()
-    except ValueError as exc:
-        problems.append(str(exc))
+    problems = env.problems()   # every malformed variable, not just the first
     try:
         cfg = load_config()
     except (OSError, ValueError) as exc:
@@ -769,7 +769,8 @@ def cmd_info(args) -> int:
     for other in c["also_read"]:
         state = other["error"] or f"{other['entries']} entries, {other['total_bytes']} bytes"
         print(f"cache: {other['root']} (per-user fallback, also read by lookups), {state}")
-    tdir = "" if Path(info["templates"]).is_dir() else " (MISSING: no such folder)"
+    tdir = "" if info["templates"].startswith("unusable") or Path(info["templates"]).is_dir() \
+        else " (MISSING: no such folder)"
     print(f"config: {info['config'] or 'not loaded (see problems)'}; templates: {info['templates']}{tdir}; experimental: "
           f"{'on' if info['experimental_enabled'] else 'off'}")
     for name, p in pins.items():

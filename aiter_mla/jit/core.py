@@ -30,6 +30,7 @@ from typing import Any
 
 from .. import env
 from ..locks import ForkSafeLock
+from ..paths import absolute_path
 from ..arch import is_experimental_enabled
 from . import key as keymod
 from . import third_party
@@ -73,7 +74,8 @@ class _State:
 
     def __init__(self, root: Path | None = None, default: bool = False) -> None:
         # default: the default root whatever AITER_MLA_CACHE_DIR says (`info` when it is unusable)
-        explicit = None if default else env.get_path("AITER_MLA_CACHE_DIR")
+        # the variable is read only where it is used: a --cache-dir overrides even a bad one
+        explicit = None if default or root is not None else env.get_path("AITER_MLA_CACHE_DIR")
         if root is not None:   # a command's --cache-dir
             self.caches = [Cache(root, explicit=True, origin="--cache-dir")]
         elif explicit is not None:
@@ -158,7 +160,7 @@ def using_cache_root(root: str | os.PathLike):
     global _state
     if not str(root).strip():
         raise ValueError(f"--cache-dir: expected a folder path, got {str(root)!r}")
-    fresh = _State(Path(root).expanduser().absolute())
+    fresh = _State(absolute_path(root, "--cache-dir"))
     with _global_lock:
         saved, _state = _state, fresh
     try:
@@ -497,12 +499,12 @@ def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, so
         kept = cache.keep_failed(key, staging)
         tail = "\n".join(output.strip().splitlines()[-40:])
         # the command on the kept source (the staging folder is gone), shell-quoted to paste
-        again = shlex.join(compiler.command(plan.flags, kept, kept.parent / out.name, plan.include_dirs))
+        again = compiler.command(plan.flags, kept, kept.parent / out.name, plan.include_dirs)
         raise BuildError(
             f"build of {variant} failed: {problem}\n  params: {plan.params}\n"
-            f"  rendered source and build.log: {kept.parent}\n  command, on the kept source: {again}\n"
+            f"  rendered source and build.log: {kept.parent}\n  command, on the kept source: {shlex.join(again)}\n"
             f"  compiler output (last 40 lines):\n{tail}",
-            variant=variant, params=plan.params, source_path=kept, command=cmd,
+            variant=variant, params=plan.params, source_path=kept, command=again,
             returncode=rc, stderr_tail=tail)
     size, digest = _sha(out)
     meta = {

@@ -884,7 +884,7 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
             page_size=page_size, kv_granularity=metadata.default_kv_granularity(page_size),
             max_seqlen_qo=max_seqlen_q, uni_seqlen_qo=max_seqlen_q, fast_mode=True, topk=-1,
             max_split_per_batch=-1, intra_batch_mode=False, dtype_q=q.dtype,
-            dtype_kv=kv_buffer.dtype, num_clusters=clusters)
+            dtype_kv=kv_buffer.dtype, num_clusters=clusters, own_buffers=True)
         key = None   # fresh plan buffers: nothing to keep
     else:
         for name, t in (("work_indptr", work_indptr), ("work_info_set", work_info_set),
