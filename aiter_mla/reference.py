@@ -272,11 +272,20 @@ def reduce_ref(partial_output, partial_lse, reduce_indptr, reduce_final_map, red
     Raises TypeError for a non-integer index tensor, and ValueError naming the argument
     when an index points outside its buffer, reduce_indptr decreases, a tile's q_end is
     below its q_start, an index tensor has the wrong number of dimensions, or
-    final_output / final_lse do not match partial_output's heads and width.
+    partial_output is not [N, H, 512] / [N, 1, H, 512], or final_output / final_lse do not
+    match its heads and width; TypeError when an output or LSE tensor is not a float tensor.
 
     Source: AITER ``csrc/kernels/mla/reduce.cu`` semantics and the test's
     ``torch_mla_reduce_v1`` (there computed sequentially with running rescale).
     """
+    for name, t in (("partial_output", partial_output), ("partial_lse", partial_lse),
+                    ("final_output", final_output), ("final_lse", final_lse)):
+        if t is not None and not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+            raise TypeError(f"{name} must be a float tensor, got "
+                            f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if partial_output.dim() not in (3, 4) or partial_output.shape[-1] != 512:
+        raise ValueError(f"partial_output must be [N, H, 512] or [N, 1, H, 512], got "
+                         f"{tuple(partial_output.shape)}")
     H = int(partial_output.shape[-2])
     po = partial_output.reshape(-1, H, partial_output.shape[-1]).to(torch.float64)
     N = po.shape[0]

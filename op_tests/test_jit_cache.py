@@ -565,6 +565,22 @@ def test_gc_evicts_lru_never_locked(fake_jit):
     assert all((fake_jit.root / "locks" / f"{k}.lock").exists() for k in keys)  # never deleted
 
 
+def test_an_entry_removed_by_another_process_is_counted_once(fake_jit, monkeypatch):
+    """Two `jit gc` / `jit clear` at once reported 23 removals of 19 entries: remove_entry said
+    True for an entry another process had already moved away (a break test). It now says None
+    there, and gc neither counts it nor leaves its bytes in "remain"."""
+    cache = Cache(fake_jit.root, True)
+    keys = [core.build_variant("fake", arch="sm_90a", n=n, flavor="a").entry.key for n in (1, 2)]
+    assert cache.remove_entry(keys[0]) is True
+    assert cache.remove_entry(keys[0]) is None   # already gone: not this call's removal
+    # gc over a listing in which keys[1] is still present, removed by "another process" first
+    listing = cache.entries()
+    monkeypatch.setattr(cache, "entries", lambda: listing)
+    assert Cache(fake_jit.root, True).remove_entry(keys[1]) is True
+    report = cache.gc(max_bytes=0)
+    assert report["removed"] == [] and report["remaining_bytes"] == 0 and report["skipped_locked"] == []
+
+
 def test_clear_during_build_keeps_lock_and_staging(fake_jit):
     """FlashInfer's clear-cache deletes the lock files of running builds; ours never does."""
     from aiter_mla.cli import main

@@ -146,12 +146,16 @@ def test_build_from_file_reads_every_line_form(fake_jit, tmp_path, capsys):
         fake --param arch=sm_90a --param n=4 --param=flavor=a
           fake(arch=sm_90a, flavor=a, n=5)
         fake flavor=b n=3 arch=sm_90a
-    """))
+        fake(arch=sm_90a, flavor=b, n=6) c8d7383c92ee
+          [missing] default fake(arch=sm_90a, flavor=b, n=7) 1321286f92d7
+          [  other] extra   fake(arch=sm_90a, flavor=a, n=8) 5ea8b90bea89  (built by another toolchain (x); not loaded)
+    """))   # the last three: a `jit list` form with its key, and whole `jit list` lines (a break test)
     root = tmp_path / "r"
     assert cli.main(["jit", "build", "--from-file", str(lst), "--cache-dir", str(root)]) == 0
-    assert "3 of 3 ok, 0 failed" in capsys.readouterr().err   # the repeated line is built once
-    assert sorted((m["params"]["n"], m["params"]["flavor"]) for m in _metas(root)) == [(3, "b"), (4, "a"), (5, "a")]
-    assert fake_jit.started() == 3
+    assert "6 of 6 ok, 0 failed" in capsys.readouterr().err   # the repeated line is built once
+    assert sorted((m["params"]["n"], m["params"]["flavor"]) for m in _metas(root)) == [
+        (3, "b"), (4, "a"), (5, "a"), (6, "b"), (7, "b"), (8, "a")]
+    assert fake_jit.started() == 6
 
 
 def test_build_from_file_skips_a_byte_order_mark(fake_jit, tmp_path, capsys):

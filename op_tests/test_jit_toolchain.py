@@ -86,6 +86,19 @@ def test_paths_with_shell_and_comma_characters_build(jit_clean, monkeypatch, tmp
 
 
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc not on PATH (install the CUDA toolkit)")
+def test_a_cache_root_that_is_not_utf8_builds(jit_clean, monkeypatch, tmp_path):
+    """A cache root whose name holds a byte that is not UTF-8: nvcc built lib.so, then writing
+    build.log raised a bare UnicodeEncodeError and left the staging folder (a break test). The
+    OS's bytes now pass through into build.log unchanged."""
+    root = tmp_path / os.fsdecode(b"bad\xffname")
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(root))
+    r = core.build_variant("convert_fp8", arch="sm_90a", out_dtype="bf16")
+    assert root in r.entry.path.parents
+    assert os.fsencode(str(root)) in (r.entry.path / "build.log").read_bytes()
+    assert not any((root / "staging").iterdir())
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not on PATH (install the CUDA toolkit)")
 def test_an_unlinkable_odd_include_path_is_a_clear_error(jit_clean, monkeypatch, tmp_path):
     """Where no link can be made (a cache on a filesystem without symlinks) and the include
     folder's path holds a character nvcc cannot take: a BuildError naming both, before the

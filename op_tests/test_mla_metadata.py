@@ -679,6 +679,20 @@ def test_op_argument_checks(monkeypatch):
     call_op(packed, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
     for a, b in zip(apart[1:], packed[1:]):   # [0] holds the buffers' own addresses
         assert torch.equal(a, b)
+    # a tensor on the 'meta' device: named as such, not "seqlens_qo_indptr must be on meta", and
+    # no false "share memory" (every meta tensor's address is 0) (a break test)
+    t32 = lambda x, d="cpu": torch.tensor(x, dtype=torch.int32, device=d)  # noqa: E731
+    b = alloc(info)
+    with pytest.raises(ValueError, match="seqlens_kv_indptr must be on a CUDA device or the CPU, got meta"):
+        md.get_mla_metadata_v1(t32(qo), t32(kv, "meta"), t32(lpl), 16, 1, False, b[0], b[2], b[1], *b[3:],
+                               page_size=16, max_seqlen_qo=1)
+    with pytest.raises(ValueError, match="seqlens_qo_indptr must be on cpu, got meta"):
+        md.get_mla_metadata_v1(t32(qo, "meta"), t32(kv), t32(lpl), 16, 1, False, b[0], b[2], b[1], *b[3:],
+                               page_size=16, max_seqlen_qo=1)
+    meta_b = [x.to("meta") for x in b]
+    with pytest.raises(ValueError, match="seqlens_kv_indptr must be on a CUDA device or the CPU, got meta"):
+        md.get_mla_metadata_v1(t32(qo, "meta"), t32(kv, "meta"), t32(lpl, "meta"), 16, 1, False, meta_b[0],
+                               meta_b[2], meta_b[1], *meta_b[3:], page_size=16, max_seqlen_qo=1)
     bufs = alloc(info)
     kv_t = torch.tensor(kv, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"reduce_indptr and seqlens_kv_indptr must not share memory"):

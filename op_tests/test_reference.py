@@ -318,6 +318,22 @@ def test_reduce_ref_refuses_malformed_maps_and_bases(bad, needle):
     assert needle in str(ei.value)
 
 
+def test_reduce_ref_names_a_bad_partial_output_and_refuses_integer_data():
+    """A 511-wide partial_output was reported as "final_output must be [total_q, 2, 511]", and
+    integer data was merged although the docstring says float (a break test)."""
+    i32 = dict(dtype=torch.int32)
+    maps = (torch.tensor([0, 3], **i32), torch.tensor([[0, 1]], **i32), torch.tensor([0, 1, 2], **i32))
+    po, pl, fo = torch.randn(3, 2, DV), torch.randn(3, 2), torch.zeros(1, 2, DV)
+    with pytest.raises(ValueError, match=r"partial_output must be \[N, H, 512\] or \[N, 1, H, 512\], got \(3, 2, 511\)"):
+        ref.reduce_ref(po[..., :511], pl, *maps, fo)
+    for args, name in (((po.int(), pl, *maps, fo), "partial_output"), ((po, pl, *maps, fo.long()), "final_output"),
+                       ((po, pl.int(), *maps, fo), "partial_lse")):
+        with pytest.raises(TypeError, match=f"{name} must be a float tensor, got torch.int"):
+            ref.reduce_ref(*args)
+    out, _ = ref.reduce_ref(po, pl, *maps, fo)   # the well-formed call still merges
+    assert torch.isfinite(out).all()
+
+
 def test_decode_ref_index_tensors_must_be_1d():
     p = make_problem([1, 2], [5, 9], H=2, page_size=4, seed=3)
     for name in ("qo_indptr", "kv_indptr", "kv_last_page_lens"):

@@ -590,13 +590,16 @@ class Cache:
                     total += os.lstat(os.path.join(dirpath, f)).st_size
         return total
 
-    def remove_entry(self, key: str) -> bool:
-        """Remove one entry unless its lock is held (a build or rebuild is running);
-        return whether it was removed."""
+    def remove_entry(self, key: str) -> bool | None:
+        """Remove one entry unless its lock is held (a build, or another process's clear or
+        gc); return True when this call removed it, False when the lock was held, None when it
+        was already gone (another clear / gc took it first: counted once, by that one)."""
         lk = self.try_lock(key)
         if lk is None:
             return False
         try:
+            if not os.path.lexists(self.entry_dir(key)):
+                return None
             self.move_aside(self.entry_dir(key))
             with contextlib.suppress(OSError):
                 (self.root / "used" / key).unlink()
@@ -652,12 +655,14 @@ class Cache:
         for e in entries:
             if total <= max_bytes:
                 break
-            if self.remove_entry(e["key"]):
+            done = self.remove_entry(e["key"])
+            if done is False:
+                skipped.append(e["key"])
+                continue
+            total -= e["bytes"]   # gone either way
+            if done:
                 removed.append(e["key"])
                 freed += e["bytes"]
-                total -= e["bytes"]
-            else:
-                skipped.append(e["key"])
         self.sweep()
         return {"removed": removed, "freed_bytes": freed, "skipped_locked": skipped,
                 "remaining_bytes": total}

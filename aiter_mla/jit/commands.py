@@ -182,6 +182,8 @@ class VariantsFileError(ValueError):
 
 # the MODULE(K=V, ...) form `jit list` and error messages name a variant by (render.describe)
 _DESCRIBED = re.compile(r"([a-z][a-z0-9_]*)\((.*)\)")
+#: A whole line of `jit list`: "[status] origin MODULE(K=V, ...) KEY  (note)", as printed.
+_LISTED = re.compile(r"\[[^\]]*\]\s+\S+\s+([a-z][a-z0-9_]*)\(([^()]*)\)\s+[0-9a-f]{12,64}\b.*")
 
 
 def variant_line(name: str, params: dict) -> str:
@@ -192,7 +194,9 @@ def variant_line(name: str, params: dict) -> str:
 def _parse_variant_line(line: str, cfg) -> tuple[str, dict] | None:
     """(module, checked params) of one list-file line, None for a blank or comment line.
     Raises ParamError, UnknownModuleError, or ValueError (unbalanced quotes)."""
-    described = _DESCRIBED.fullmatch(line.split("#", 1)[0].strip())
+    text = line.split("#", 1)[0].strip()
+    described = _DESCRIBED.fullmatch(text) or _LISTED.fullmatch(text) or \
+        re.fullmatch(r"([a-z][a-z0-9_]*)\(([^()]*)\)\s+[0-9a-f]{12,64}", text)   # + its key
     if described:
         name = described.group(1)
         items = [t.strip() for t in described.group(2).split(",") if t.strip()]
@@ -221,7 +225,8 @@ def read_variants_file(path: str, cfg) -> list[tuple[str, dict]]:
     """The variants the list file ``path`` names, in its order, repeats dropped. One variant a
     line, every parameter given: ``MODULE K=V ...`` (what ``jit list --variants`` prints; a
     ``--param`` before ``K=V`` is accepted too, and the ``MODULE(K=V, ...)`` form that
-    ``jit list`` and error messages print). Blank lines and ``#`` comments are skipped.
+    ``jit list`` and error messages print, alone, with its key after it, or as the whole
+    ``jit list`` line). Blank lines and ``#`` comments are skipped.
     ``cfg``: the :class:`~aiter_mla.jit.config.JitConfig` that checks the modules and values.
 
     Raises :class:`VariantsFileError` (one line): the file cannot be read or is not UTF-8, it
@@ -574,10 +579,11 @@ def cmd_clear(args) -> int:
             meta = e["meta"] or {}
             if args.module and meta.get("module") != args.module:
                 continue
-            if cache.remove_entry(e["key"]):
+            done = cache.remove_entry(e["key"])
+            if done:
                 removed += 1
                 freed += e["bytes"]
-            else:
+            elif done is False:   # None: another clear / gc removed it first
                 skipped.append(meta.get("variant") or e["key"])
         if args.all:
             cache.clear_failed()
@@ -586,7 +592,7 @@ def cmd_clear(args) -> int:
         print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} ({freed} bytes) from "
               f"{cache.root}; lock files are kept (removing one could let two builders in)")
         for s in skipped:
-            print(f"skipped {s}: a build holds its lock")
+            print(f"skipped {s}: another process holds its lock (a build, clear or gc)")
     return 0
 
 
@@ -598,7 +604,7 @@ def cmd_gc(args) -> int:
         print(f"removed {n} entr{'y' if n == 1 else 'ies'} ({report['freed_bytes']} bytes); "
               f"{report['remaining_bytes']} bytes of entries remain in {cache.root}")
         for k in report["skipped_locked"]:
-            print(f"skipped {k[:12]}: a build holds its lock")
+            print(f"skipped {k[:12]}: another process holds its lock (a build, clear or gc)")
     return 0
 
 

@@ -456,8 +456,11 @@ def run_compiler(command: list[str], cwd: Path, log_path: Path, note: str = "") 
         try:
             # Its own process group, so an interrupted build (Ctrl-C, SIGTERM from a batch
             # scheduler or `timeout`) takes nvcc's children (cicc, ptxas) down with it.
+            # bytes that are not UTF-8 (a path's, as the OS gives it) pass through as
+            # surrogates and back out unchanged into build.log
             proc = subprocess.Popen(command, cwd=str(cwd), stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, env=child_env,
+                                    stderr=subprocess.STDOUT, encoding="utf-8",
+                                    errors="surrogateescape", env=child_env,
                                     start_new_session=True)
         except OSError as exc:
             rc, out = 127, f"could not start {command[0]}: {exc}"
@@ -473,7 +476,8 @@ def run_compiler(command: list[str], cwd: Path, log_path: Path, note: str = "") 
             rc = proc.returncode
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log_path.write_text(f"# in {cwd}\n{note}$ " + shlex.join(command) + "\n" + out)
+    log_path.write_text(f"# in {cwd}\n{note}$ " + shlex.join(command) + "\n" + out,
+                        encoding="utf-8", errors="surrogateescape")   # a cache path need not be UTF-8
     return rc, out
 
 

@@ -505,6 +505,8 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
         raise TypeError(f"seqlens_kv_indptr must be a torch.Tensor, got "
                         f"{type(seqlens_kv_indptr).__name__}")
     device = seqlens_kv_indptr.device
+    if device.type not in ("cuda", "cpu"):   # the device every other tensor is held to: say so first
+        raise ValueError(f"seqlens_kv_indptr must be on a CUDA device or the CPU, got {device}")
     _check_int32_vector(seqlens_kv_indptr, "seqlens_kv_indptr", device)
     _check_int32_vector(seqlens_qo_indptr, "seqlens_qo_indptr", device)
     _check_int32_vector(kv_last_page_lens, "kv_last_page_lens", device)
