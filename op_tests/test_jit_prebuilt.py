@@ -291,6 +291,15 @@ def test_read_only_root_serves_without_a_compiler(fake_jit, tmp_path):
     built = _cli_child(env, [root], "jit", "build", "--all")
     assert built.returncode == 0 and "2 of 2 ok, 0 failed" in built.stderr, built.stderr
     assert built.stderr.count("cached fake(") == 2
+    # gc / clear with nothing to remove there succeed (they failed on the read-only root); with
+    # something to remove they fail, saying why (a break test)
+    for argv in (("jit", "gc", "--max-bytes", "100G"), ("jit", "clear", "fake_exp")):
+        done = _cli_child(env, [root], *argv)
+        assert done.returncode == 0 and f"nothing to remove in {root} (not writable)" in done.stdout, done.stderr
+    refused = _cli_child(env, [root], "jit", "clear", "fake")
+    assert refused.returncode == 1 and "not writable" in refused.stderr, refused.stderr
+    # a read-only mount (root's stand-in) says so, not "Permission denied"
+    assert os.geteuid() != 0 or "Read-only file system" in refused.stderr, refused.stderr
     assert tree_snapshot(root) == before
     assert fake_jit.started() == 2
 

@@ -106,6 +106,15 @@ def _account_home() -> str | None:
     return home if os.path.isabs(home) else None
 
 
+def _read_only_mount(folder: Path) -> bool:
+    """Whether ``folder`` is on a file system mounted read-only (its errno is then EROFS, not
+    the EACCES a permission gives)."""
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def fallback_root() -> Path:
     """Where builds go when the default root is read-only (per user, under the temp dir)."""
     return Path(tempfile.gettempdir()) / f"aiter_mla-{os.getuid()}"
@@ -396,7 +405,8 @@ class Cache:
                     if os.path.lexists(folder) and not folder.is_dir():   # a file named entries, say
                         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
                     if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
-                        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(folder))
+                        code = errno.EROFS if _read_only_mount(folder) else errno.EACCES
+                        raise OSError(code, os.strerror(code), str(folder))
                 where = self.root / "entries" if (self.root / "entries").is_dir() else self.root
                 probe = where / f".probe.{os.getpid()}.{uuid.uuid4().hex[:8]}"
             probe.touch()

@@ -537,11 +537,22 @@ def cmd_list(args) -> int:
     return rc
 
 
-def _managed_caches() -> list:
+def _folder_items(folder) -> list:
+    """The items of ``folder``, [] when it is missing or unreadable."""
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
+
+
+def _managed_caches(has_work=lambda cache: True) -> list:
     """The roots ``clear`` and ``gc`` act on: every root lookups read (the default or
     ``AITER_MLA_CACHE_DIR`` root, and a per-user fallback an earlier process built in while the
     default root was read-only). A read-only default root is skipped with a note; a read-only
-    ``AITER_MLA_CACHE_DIR`` is an error (CacheNotWritableError naming it)."""
+    ``AITER_MLA_CACHE_DIR`` is an error (CacheNotWritableError naming it) unless
+    ``has_work(cache)`` says there is nothing to remove there (a read-only prebuilt image with
+    nothing to evict: the command has nothing to do, which is no failure). A read-only default
+    root with nothing writable beside it stays an error (nothing can be acted on)."""
     from .cache import CacheNotWritableError
 
     st = core._get_state()
@@ -552,6 +563,9 @@ def _managed_caches() -> list:
         try:
             cache.ensure_writable(for_loads=False, create=False)   # read-only: one clear message, not a raw errno
         except CacheNotWritableError as exc:
+            if cache.explicit and not has_work(cache):   # a read-only prebuilt root with nothing to do
+                print(f"nothing to remove in {cache.root} (not writable)")
+                continue
             if cache.explicit:
                 raise
             refused = exc
@@ -573,7 +587,12 @@ def cmd_clear(args) -> int:
         raise ParamError("give a MODULE or --all, not both" if args.all else "give a MODULE or --all")
     if args.module:
         load_config().module(args.module)  # unknown names are an error
-    for cache in _managed_caches():
+
+    def has_work(cache) -> bool:
+        return any(not args.module or (e["meta"] or {}).get("module") == args.module for e in cache.entries()) \
+            or (args.all and any(is_cache_key(d.name) for d in _folder_items(cache.root / "failed")))
+
+    for cache in _managed_caches(has_work):
         removed, skipped, freed = 0, [], 0
         for e in cache.entries():
             meta = e["meta"] or {}
@@ -598,7 +617,8 @@ def cmd_clear(args) -> int:
 
 @_cache_dir_option
 def cmd_gc(args) -> int:
-    for cache in _managed_caches():   # --max-bytes applies to each root
+    for cache in _managed_caches(lambda c: sum(e["bytes"] for e in c.entries()) > args.max_bytes):
+        # --max-bytes applies to each root
         report = cache.gc(args.max_bytes)
         n = len(report["removed"])
         print(f"removed {n} entr{'y' if n == 1 else 'ies'} ({report['freed_bytes']} bytes); "
