@@ -36,6 +36,13 @@ __all__ = ["mla_decode_ref", "reduce_ref", "split_reference", "relative_l2"]
 # input handling
 
 
+def _require_values(t, name: str) -> None:
+    """ValueError naming ``name`` for a tensor on the 'meta' device, which holds no values (torch
+    said "Cannot copy out of meta tensor" or "Tensor.item() cannot be called", naming nothing)."""
+    if isinstance(t, torch.Tensor) and t.is_meta:
+        raise ValueError(f"{name} must hold values (a CPU or CUDA tensor), got a meta tensor")
+
+
 def _int_list(t, name: str, ndim: int = 1) -> list[int]:
     """The values of an int32 / int64 tensor of ``ndim`` dimensions, flattened."""
     if not isinstance(t, torch.Tensor):
@@ -44,8 +51,7 @@ def _int_list(t, name: str, ndim: int = 1) -> list[int]:
         raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
     if t.dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
-    if t.is_meta:
-        raise ValueError(f"{name} must hold values (a CPU or CUDA tensor), got a meta tensor")
+    _require_values(t, name)
     return [int(v) for v in t.reshape(-1).tolist()]
 
 
@@ -60,6 +66,7 @@ def _scale_value(scale, name: str) -> float:
                              f"got shape {tuple(scale.shape)}")
         if scale.is_complex() or scale.dtype == torch.bool:
             raise TypeError(f"{name} must be a real tensor, got dtype {scale.dtype}")
+        _require_values(scale, name)
         value = float(scale.reshape(-1)[0].item())
     else:
         value = require_real(name, scale, example="1.0, or a 1-element float32 tensor")
@@ -89,6 +96,8 @@ class _Problem:
                              f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q)}")
         if not q.dtype.is_floating_point:
             raise TypeError(f"q must be a floating dtype (fp8 e4m3 / bf16 / ...), got {q.dtype}")
+        _require_values(q, "q")
+        _require_values(kv_buffer, "kv_buffer")
         if (not isinstance(kv_buffer, torch.Tensor) or kv_buffer.dim() != 4
                 or kv_buffer.shape[2] != 1 or kv_buffer.shape[3] != QK_HEAD_DIM):
             raise ValueError(f"kv_buffer must be [num_pages, page_size, 1, {QK_HEAD_DIM}], got "
@@ -283,6 +292,7 @@ def reduce_ref(partial_output, partial_lse, reduce_indptr, reduce_final_map, red
         if t is not None and not (isinstance(t, torch.Tensor) and t.is_floating_point()):
             raise TypeError(f"{name} must be a float tensor, got "
                             f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+        _require_values(t, name)
     if partial_output.dim() not in (3, 4) or partial_output.shape[-1] != 512:
         raise ValueError(f"partial_output must be [N, H, 512] or [N, 1, H, 512], got "
                          f"{tuple(partial_output.shape)}")
@@ -444,6 +454,7 @@ def relative_l2(a: torch.Tensor, b: torch.Tensor) -> float:
         if not isinstance(x, torch.Tensor) or x.is_complex():
             what = f"a complex tensor ({x.dtype})" if isinstance(x, torch.Tensor) else type(x).__name__
             raise TypeError(f"relative_l2: {name} must be a real torch.Tensor, got {what}")
+        _require_values(x, f"relative_l2: {name}")
     try:
         a64, b64 = torch.broadcast_tensors(a.detach().to(torch.float64),
                                            b.detach().to(device=a.device, dtype=torch.float64))

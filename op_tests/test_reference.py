@@ -334,6 +334,25 @@ def test_reduce_ref_names_a_bad_partial_output_and_refuses_integer_data():
     assert torch.isfinite(out).all()
 
 
+def test_meta_tensors_are_named():
+    """A tensor on the 'meta' device (no values) reached torch's own "Cannot copy out of meta
+    tensor" / "Tensor.item() cannot be called on meta tensors", naming no argument (a break
+    test); kv_indices already said so."""
+    p = make_problem([1, 2], [5, 9], H=2, page_size=4, seed=3)
+    for name in ("q", "kv_buffer"):
+        with pytest.raises(ValueError, match=f"^{name} must hold values .* got a meta tensor"):
+            ref.mla_decode_ref(**dict(p, **{name: p[name].to("meta")}), sm_scale=0.1)
+    with pytest.raises(ValueError, match="^q_scale must hold values"):
+        ref.mla_decode_ref(**p, sm_scale=0.1, q_scale=torch.tensor(1.0, device="meta"))
+    with pytest.raises(ValueError, match="^relative_l2: b must hold values"):
+        ref.relative_l2(torch.ones(3), torch.ones(3, device="meta"))
+    i32 = dict(dtype=torch.int32)
+    with pytest.raises(ValueError, match="^final_output must hold values"):
+        ref.reduce_ref(torch.zeros(3, 2, DV), torch.zeros(3, 2), torch.tensor([0, 3], **i32),
+                       torch.tensor([[0, 1]], **i32), torch.tensor([0, 1, 2], **i32),
+                       torch.zeros(1, 2, DV, device="meta"))
+
+
 def test_decode_ref_index_tensors_must_be_1d():
     p = make_problem([1, 2], [5, 9], H=2, page_size=4, seed=3)
     for name in ("qo_indptr", "kv_indptr", "kv_last_page_lens"):
