@@ -646,12 +646,17 @@ class Cache:
                     with contextlib.suppress(OSError):
                         f.unlink()
 
+    def failed_builds(self) -> list[Path]:
+        """The kept failed builds (``failed/<key>``; nothing else there), [] when there is none."""
+        try:
+            return [d for d in (self.root / "failed").iterdir() if is_cache_key(d.name)]
+        except FileNotFoundError:
+            return []
+
     def clear_failed(self) -> None:
         """Delete the kept sources of failed builds (``failed/<key>``), nothing else there."""
-        with contextlib.suppress(FileNotFoundError):
-            for d in (self.root / "failed").iterdir():
-                if is_cache_key(d.name):
-                    _remove_path(d)
+        for d in self.failed_builds():
+            _remove_path(d)
 
     def gc(self, max_bytes: int) -> dict:
         """Evict least-recently-used entries until the entries total at most ``max_bytes``;

@@ -182,8 +182,9 @@ class VariantsFileError(ValueError):
 
 # the MODULE(K=V, ...) form `jit list` and error messages name a variant by (render.describe)
 _DESCRIBED = re.compile(r"([a-z][a-z0-9_]*)\((.*)\)")
-#: A whole line of `jit list`: "[status] origin MODULE(K=V, ...) KEY  (note)", as printed.
-_LISTED = re.compile(r"\[[^\]]*\]\s+\S+\s+([a-z][a-z0-9_]*)\(([^()]*)\)\s+[0-9a-f]{12,64}\b.*")
+#: `jit list`'s form with its key after it, alone or as the whole printed line:
+#: "[status] origin MODULE(K=V, ...) KEY  (note)".
+_LISTED = re.compile(r"(?:\[[^\]]*\]\s+\S+\s+)?([a-z][a-z0-9_]*)\(([^()]*)\)\s+[0-9a-f]{12,64}\b.*")
 
 
 def variant_line(name: str, params: dict) -> str:
@@ -195,8 +196,7 @@ def _parse_variant_line(line: str, cfg) -> tuple[str, dict] | None:
     """(module, checked params) of one list-file line, None for a blank or comment line.
     Raises ParamError, UnknownModuleError, or ValueError (unbalanced quotes)."""
     text = line.split("#", 1)[0].strip()
-    described = _DESCRIBED.fullmatch(text) or _LISTED.fullmatch(text) or \
-        re.fullmatch(r"([a-z][a-z0-9_]*)\(([^()]*)\)\s+[0-9a-f]{12,64}", text)   # + its key
+    described = _DESCRIBED.fullmatch(text) or _LISTED.fullmatch(text)
     if described:
         name = described.group(1)
         items = [t.strip() for t in described.group(2).split(",") if t.strip()]
@@ -537,14 +537,6 @@ def cmd_list(args) -> int:
     return rc
 
 
-def _folder_items(folder) -> list:
-    """The items of ``folder``, [] when it is missing or unreadable."""
-    try:
-        return list(folder.iterdir())
-    except OSError:
-        return []
-
-
 def _managed_caches(has_work=lambda cache: True) -> list:
     """The roots ``clear`` and ``gc`` act on: every root lookups read (the default or
     ``AITER_MLA_CACHE_DIR`` root, and a per-user fallback an earlier process built in while the
@@ -590,7 +582,7 @@ def cmd_clear(args) -> int:
 
     def has_work(cache) -> bool:
         return any(not args.module or (e["meta"] or {}).get("module") == args.module for e in cache.entries()) \
-            or (args.all and any(is_cache_key(d.name) for d in _folder_items(cache.root / "failed")))
+            or (args.all and bool(cache.failed_builds()))
 
     for cache in _managed_caches(has_work):
         removed, skipped, freed = 0, [], 0
