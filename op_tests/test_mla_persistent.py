@@ -240,7 +240,8 @@ def test_default_decode_variant_builds_with_wgmma(private_cache, cuobjdump_sass,
                                                   monkeypatch):
     """A real nvcc build (no GPU needed) of the decode variant ``mla_decode_fwd`` picks at
     (heads, 1), page 64: its SASS holds the warpgroup MMAs (QGMMA for fp8, HGMMA for bf16) and
-    its per-thread stack stays within DEFAULT_VARIANT_STACK_BOUND. The build is the one users
+    its per-thread stack stays within DEFAULT_VARIANT_STACK_BOUND; the bf16 loop's V halves arrive as
+    3-D TMA boxes. The build is the one users
     get: a test run's extra flags (a pipeline spin limit, whose trap path spills) are left out."""
     import re
     import shutil
@@ -264,6 +265,8 @@ def test_default_decode_variant_builds_with_wgmma(private_cache, cuobjdump_sass,
     # once per commit group of several (5 to 10 waits for 34 to 60 MMAs).
     n_mma, n_wait = sass.count(mma), sass.count("WARPGROUP.DEPBAR")
     assert 3 * n_wait < n_mma, f"{v}: {n_wait} wgmma waits for {n_mma} MMAs: ptxas serialised them"
+    # the bf16 loop copies each of V's halves as one 3-D TMA box at page 64; the fp8 loops use 2-D boxes
+    assert ("UTMALDG.3D" in sass) == (dtype == "bf16"), f"{v}: 3-D TMA copies {'missing' if dtype == 'bf16' else 'present'}"
     res = subprocess.run([cuobjdump, "-res-usage", lib], capture_output=True, text=True, check=True).stdout
     stacks = [int(m) for m in re.findall(r"STACK:(\d+)", res)]
     assert stacks, res
@@ -568,9 +571,9 @@ def test_partial_last_page_nan(warm, dtype):
 @pytest.mark.parametrize("page_size", [128, 256])
 @pytest.mark.parametrize("heads,qlen", [(128, 1), (64, 1)])
 def test_large_pages(warm, heads, qlen, page_size, dtype):
-    """Pages of 128 and 256 tokens hold several 64-key tiles each (a tile's boxes start inside a
-    page; the other decode tests use pages of 1, 16 and 64): lengths ending before, at and after
-    tile and page edges, the unused slots NaN, against the float64 reference."""
+    """Pages of 128 and 256 tokens hold several 64-key tiles each (the bf16 loop copies a tile's
+    V halves as 3-D boxes from inside one page): lengths ending before, at and after tile and
+    page edges, the unused slots NaN, against the float64 reference."""
     kv_lens = [1, 63, 64, 65, 127, 128, 129, 300, 700, 1500]
     c = make_case(heads, qlen, page_size, DTYPES[dtype], kv_lens, seed=page_size + heads)
     o, lse, _ = run_decode(c)

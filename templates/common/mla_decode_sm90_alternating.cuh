@@ -84,11 +84,14 @@ struct AlternatingConfig : wg::WgmmaTile<BlockN, PageSize, false, Causal> {
 // qk_issue_parts): each waits for its own release, then posts its
 // bytes on its own full barrier (bar_full / bar_empty: the stage's part 0 barrier; part p is
 // 8 p bytes on). Pages past kv_tok_end are not looked up; a part is at most 8 pages x 4
-// column blocks, one box per lane.
+// column blocks, one box per lane. With map_v (pages of >= BN tokens, so a tile is one run of
+// pool rows) each V half is one 3-D box of its 4 column blocks: a tile takes 3 copies instead
+// of 9 (1-3% faster at (128,1) ctx >= 3200, 2-6% at ctx 21 on an H100, docs/perf/notes.md).
 template <class C>
 __device__ __forceinline__ void produce_tile_parts(uint32_t stage_addr, uint32_t bar_full, uint32_t bar_empty,
-                                                   uint32_t empty_parity, const void* map, const PageTable& page_table,
-                                                   int tok0, int kv_tok_end, int lane, bool& bad_page) {
+                                                   uint32_t empty_parity, const void* map, const void* map_v,
+                                                   const PageTable& page_table, int tok0, int kv_tok_end, int lane,
+                                                   bool& bad_page) {
   static_assert(C::BN / C::kTmaRows * 4 <= 32, "a part's boxes fit the warp's lanes");
   const int pages = (min(C::BN, kv_tok_end - tok0) + C::kTmaRows - 1) / C::kTmaRows;
   int page_row = 0;
@@ -102,11 +105,16 @@ __device__ __forceinline__ void produce_tile_parts(uint32_t stage_addr, uint32_t
     AITER_MLA_STAMP(kProduceWait);
     if (lane == 0) wg::mbar_arrive_expect_tx(bar_full + part * 8, (pages << log2_blocks) * C::kTmaBoxBytes);
     __syncwarp();
-    const int pg = lane >> log2_blocks, blk = blk0 + (lane & ((1 << log2_blocks) - 1));
-    const int row = __shfl_sync(0xffffffffu, page_row, pg & 31);
-    if (pg < pages)
-      wg::tma_load_box(stage_addr + blk * (C::BN * C::kSwBytes) + pg * C::kTmaBoxBytes, map, blk * C::kSwBytes, row,
-                       bar_full + part * 8);
+    if (map_v != nullptr && part != C::kPartRope) {
+      // map_v (pages hold whole tiles: one box-row block): the 4 column blocks in one copy
+      if (lane == 0) wg::tma_load_box3(stage_addr + blk0 * (C::BN * C::kSwBytes), map_v, 0, page_row, blk0, bar_full + part * 8);
+    } else {
+      const int pg = lane >> log2_blocks, blk = blk0 + (lane & ((1 << log2_blocks) - 1));
+      const int row = __shfl_sync(0xffffffffu, page_row, pg & 31);
+      if (pg < pages)
+        wg::tma_load_box(stage_addr + blk * (C::BN * C::kSwBytes) + pg * C::kTmaBoxBytes, map, blk * C::kSwBytes, row,
+                         bar_full + part * 8);
+    }
     AITER_MLA_STAMP(kProduceIssue);
   }
 }

@@ -355,6 +355,14 @@ __device__ __forceinline__ void tma_load_box(uint32_t dst, const void* map, int 
       : "memory");
 }
 
+// One 3-D box (a map whose coordinates are {byte col, row, column block}) into dst.
+__device__ __forceinline__ void tma_load_box3(uint32_t dst, const void* map, int col, int row, int blk, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(dst), "l"(map), "r"(col), "r"(row), "r"(blk), "r"(bar)
+      : "memory");
+}
+
 // The producer warp's TMA copies of the tile of BN virtual tokens from tok0 into the stage at
 // stage_addr: the row's 64-byte column blocks (fp8 9, bf16 18) x the pages holding a token
 // before kv_tok_end (pages past it are not looked up: their kv_indices entry may not exist),
