@@ -148,7 +148,7 @@ __device__ __forceinline__ void qk_issue_parts(float (&s)[8][4], uint32_t q_addr
   wg::wgmma_commit();
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (h == 1) between();
+    if (h == 0) between();
     wait_part(C::kParts > 1 ? 1 + h : 0);
     wg::wgmma_fence();
 #pragma unroll
