@@ -280,7 +280,8 @@ def reduce_ref(partial_output, partial_lse, reduce_indptr, reduce_final_map, red
 
     Raises TypeError for a non-integer index tensor, and ValueError naming the argument
     when an index points outside its buffer, reduce_indptr decreases, a tile's q_end is
-    below its q_start, an index tensor has the wrong number of dimensions, or
+    below its q_start, an index tensor has the wrong number of dimensions, reduce_final_map
+    is not [tiles, 2] or lacks the row of a tile that merges, or
     partial_output is not [N, H, 512] / [N, 1, H, 512], or final_output / final_lse do not
     match its heads and width; TypeError when an output or LSE tensor is not a float tensor.
 
@@ -317,6 +318,9 @@ def reduce_ref(partial_output, partial_lse, reduce_indptr, reduce_final_map, red
     pmap = _int_list(reduce_partial_map, "reduce_partial_map")
     fmap = (_int_list(reduce_final_map, "reduce_final_map", ndim=2)
             if reduce_final_map is not None else None)
+    if fmap is not None and reduce_final_map.shape[1] != 2:
+        raise ValueError(f"reduce_final_map must be [tiles, 2] (q_start, q_end per tile), got "
+                         f"{tuple(reduce_final_map.shape)}")
     for t in range(len(ind) - 1):
         start, end = ind[t], ind[t + 1]
         if end < start:
@@ -327,6 +331,9 @@ def reduce_ref(partial_output, partial_lse, reduce_indptr, reduce_final_map, red
         if start < 0 or end > len(pmap):
             raise ValueError(f"reduce_indptr[{t}:{t + 2}]=({start}, {end}) is outside "
                              f"reduce_partial_map (length {len(pmap)})")
+        if fmap is not None and 2 * t + 1 >= len(fmap):
+            raise ValueError(f"reduce_final_map has {len(fmap) // 2} rows, but reduce_indptr's "
+                             f"tile {t} merges {end - start} entries and needs row {t}")
         qs, qe = _final_range(t, start, fmap, pmap)
         if qe < qs:
             raise ValueError(f"tile {t} covers q tokens [{qs}, {qe}): q_end < q_start"
@@ -375,18 +382,23 @@ def split_reference(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page
         split works (0 if none). Rows no work or tile writes stay NaN, so a test catches rows
         the schedule missed.
 
-    Raises ValueError naming the argument for an inconsistent record.
+    Raises ValueError naming the argument for an inconsistent record, and the errors of
+    :func:`mla_decode_ref` (``sm_scale`` included) and :func:`reduce_ref`; TypeError for a
+    schedule argument that is not an int32 / int64 tensor.
 
     Source: AITER ``op_tests/test_mla_persistent.py`` ``torch_mla_split_kv_and_reduce``.
     """
+    require_real("sm_scale", sm_scale, example="1/sqrt(576)")
     pb = _Problem(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
                   q_scale, kv_scale)
     P, H = pb.page_size, pb.num_heads
     wind = _int_list(work_indptr, "work_indptr")
-    if work_info_set.dim() != 2 or work_info_set.shape[1] != work_info.WORK_INFO_INTS:
+    flat = _int_list(work_info_set, "work_info_set", ndim=2)
+    if work_info_set.shape[1] != work_info.WORK_INFO_INTS:
         raise ValueError(f"work_info_set must be [num_works, {work_info.WORK_INFO_INTS}], got "
                          f"{tuple(work_info_set.shape)}")
-    wis = work_info_set.tolist()
+    n = work_info.WORK_INFO_INTS
+    wis = [flat[i:i + n] for i in range(0, len(flat), n)]
     w0, w1 = wind[0], wind[-1]
     if not 0 <= w0 <= w1 <= len(wis):
         raise ValueError(f"work_indptr spans works [{w0}, {w1}) outside work_info_set "
@@ -462,11 +474,19 @@ def relative_l2(a: torch.Tensor, b: torch.Tensor) -> float:
         raise ValueError(f"relative_l2: shapes {tuple(a.shape)} and {tuple(b.shape)} do not "
                          f"broadcast") from e
     same = a64 == b64
-    diff = torch.where(same, 0.0, a64 - b64)
-    if not bool(torch.isfinite(diff).all()):
+    fin_a, fin_b = torch.isfinite(a64), torch.isfinite(b64)
+    if not bool((same | (fin_a & fin_b)).all()):
         return math.inf
-    num = float(torch.linalg.vector_norm(diff))
-    den = float(torch.linalg.vector_norm(torch.where(torch.isfinite(b64), b64, 0.0)))
+    # Both sides divided by their largest finite magnitude first, so that neither the
+    # difference nor the sums of squares overflow (1e300) or underflow (1e-300).
+    zero = torch.zeros((), dtype=torch.float64, device=a64.device)
+    scale = float(torch.maximum(torch.where(fin_a, a64.abs(), zero).amax() if a64.numel() else zero,
+                                torch.where(fin_b, b64.abs(), zero).amax() if b64.numel() else zero))
+    if scale == 0.0:
+        return 0.0
+    a64, b64 = a64 / scale, b64 / scale
+    num = float(torch.linalg.vector_norm(torch.where(same, 0.0, a64 - b64)))
+    den = float(torch.linalg.vector_norm(torch.where(fin_b, b64, 0.0)))
     if den == 0.0:
         return 0.0 if num == 0.0 else math.inf
     return num / den

@@ -253,6 +253,8 @@ def test_info_lists_every_malformed_variable(fake_jit, capsys, monkeypatch):
     assert [line.split()[3] for line in lines] == ["AITER_MLA_CACHE_DIR", "AITER_MLA_LOCK_TIMEOUT",
                                                    "AITER_MLA_TEMPLATES_DIR"], out
     assert "MISSING" not in out
+    # the root shown is the default one, and says so (it read just "(default)": a break test)
+    assert "(default: AITER_MLA_CACHE_DIR is unusable, see problems)" in out, out
 
 
 def test_info_reports_a_compiler_that_fails_its_version_probe(fake_jit, capsys, monkeypatch, tmp_path):

@@ -433,6 +433,22 @@ def test_last_page_lens_are_checked_at_page_size_1_too():
     assert len(s.work_info) >= 2
 
 
+def test_values_that_are_not_integers_are_refused():
+    """validate_inputs read 1.7 as 1 and True as 1 (a break test); get_mla_metadata_v1 points to
+    it as the host-side value check."""
+    import numpy as np
+
+    for qo, bad in (([0.0, 1.7, 2.9], "0.0 (float) at index 0"), ([0, True, 2], "True (bool) at index 1")):
+        with pytest.raises(TypeError, match=re.escape(f"qo_indptr must hold integers, got {bad}")):
+            reference_schedule(torch.tensor(qo) if isinstance(qo[0], float) else qo, [0, 2, 3],
+                               [16, 3], num_heads=16, num_clusters=4, page_size=16,
+                               kv_granularity=4, max_seqlen_qo=4)
+    s = reference_schedule(np.array([0, 1, 2]), torch.tensor([0, 2, 3], dtype=torch.int32), [16, 3],
+                           num_heads=16, num_clusters=4, page_size=16, kv_granularity=4,
+                           max_seqlen_qo=4)   # NumPy and int tensors still pass
+    assert len(s.work_info) >= 2
+
+
 @pytest.mark.parametrize("bad, msg", [
     (dict(kv=[0, 5, 3]), "non-decreasing"),
     (dict(qo=[0, 1, 1]), "q length of batch 1"),
@@ -458,6 +474,10 @@ def test_validation_errors(bad, msg):
     (dict(num_clusters=0), ValueError, "num_clusters"),
     (dict(max_split_per_batch=0), ValueError, "max_split_per_batch"),
     (dict(max_seqlen_qo=0), ValueError, "max_seqlen_qo"),
+    # past int32, packed as 0 / a negative launch field (a break test)
+    (dict(kv_granularity=2 ** 32), ValueError, r"kv_granularity must be a power of two in \[1, 2\*\*30\]"),
+    (dict(page_size=2 ** 31), ValueError, r"page_size must be a power of two in \[1, 2\*\*30\], got 2147483648"),
+    (dict(num_clusters=2 ** 31), ValueError, "num_clusters must be <= 2147483647"),
 ])
 def test_scalar_errors(kw, exc, msg):
     args = dict(num_heads=16, num_clusters=4, page_size=16, kv_granularity=4, max_seqlen_qo=1)

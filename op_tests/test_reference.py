@@ -222,6 +222,30 @@ def test_split_reference_no_final_map_uniform_qlen():
     assert_close(lse, l_ref, 1e-12, "lse without final map")
 
 
+@pytest.mark.parametrize("bad,exc,match", [
+    (dict(sm_scale=float("nan")), ValueError, "sm_scale must be a finite number"),   # NaN outputs
+    (dict(sm_scale=None), TypeError, "sm_scale must be a float"),     # a bare float() error
+    (dict(sm_scale="0.05"), TypeError, "sm_scale must be a float"),   # was read as 0.05
+    (dict(work_info_set="float"), TypeError, "work_info_set must be int32 or int64"),
+    (dict(work_info_set="list"), TypeError, "work_info_set must be a torch.Tensor, got list"),
+])
+def test_split_reference_checks_sm_scale_and_the_records(bad, exc, match):
+    """split_reference took any sm_scale (NaN gave NaN outputs, a string was read as a number)
+    and a float or list work_info_set reached Python's own errors (a break test)."""
+    p = make_problem([1, 2], [20, 9], H=2, page_size=4, seed=4)
+    sched = make_schedule(p, 2)
+    kw = dict(sm_scale=0.07)
+    wis = sched["work_info_set"]
+    if bad.get("work_info_set") == "float":
+        sched = dict(sched, work_info_set=wis.float())
+    elif bad.get("work_info_set") == "list":
+        sched = dict(sched, work_info_set=wis.tolist())
+    else:
+        kw.update(bad)
+    with pytest.raises(exc, match=match):
+        ref.split_reference(**p, **sched, **kw)
+
+
 # ------------------------------------------------------------------------------------------
 # reduce_ref against one softmax over the concatenated pieces
 
@@ -301,6 +325,12 @@ def test_reduce_ref_rejects_out_of_range_partial_rows():
     (dict(ind=[2, 0]), "reduce_indptr must be non-decreasing, got reduce_indptr[0]=2 > reduce_indptr[1]=0"),
     (dict(fmap=[[1, 0]]), "q_end < q_start in reduce_final_map"),
     (dict(fmap=[0, 1]), "reduce_final_map must be 2-D, got shape (2,)"),
+    # read as a flat list: tile 1 took row 0 again and row 1 kept its base (a break test)
+    (dict(ind=[0, 2, 4], fmap=[[0, 1, 0], [1, 2, 0]], final=(2, 1, DV)),
+     "reduce_final_map must be [tiles, 2] (q_start, q_end per tile), got (2, 3)"),
+    # was a bare IndexError
+    (dict(ind=[0, 2, 4], fmap=[[0, 1]], final=(2, 1, DV)),
+     "reduce_final_map has 1 rows, but reduce_indptr's tile 1 merges 2 entries and needs row 1"),
     (dict(ind=[[0, 2]]), "reduce_indptr must be 1-D, got shape (1, 2)"),
     # was torch's "The expanded size of the tensor (17) must match ..."
     (dict(final=(1, 17, DV)), f"final_output must be [total_q, 1, {DV}]"),
@@ -312,7 +342,7 @@ def test_reduce_ref_refuses_malformed_maps_and_bases(bad, needle):
     args.update(bad)
     with pytest.raises(ValueError) as ei:
         ref.reduce_ref(torch.zeros(4, 1, DV), torch.zeros(4, 1), torch.tensor(args["ind"], **i32),
-                       torch.tensor(args["fmap"], **i32), torch.tensor([0, 1], **i32),
+                       torch.tensor(args["fmap"], **i32), torch.tensor([0, 1, 2, 3], **i32),
                        torch.zeros(*args["final"]),
                        None if args["final_lse"] is None else torch.zeros(*args["final_lse"]))
     assert needle in str(ei.value)
@@ -376,6 +406,13 @@ def test_relative_l2():
     assert ref.relative_l2(torch.ones(2), torch.zeros(2)) == math.inf
     with pytest.raises(ValueError):
         ref.relative_l2(torch.zeros(2), torch.zeros(3))
+    # the norms overflowed (nan, inf) or underflowed (0.0 for unequal inputs): a break test
+    f64 = lambda *v: torch.tensor(v, dtype=torch.float64)   # noqa: E731
+    assert ref.relative_l2(f64(1e300, 0.0), f64(2e300, 0.0)) == pytest.approx(0.5)
+    assert ref.relative_l2(f64(1e300, 0.0), f64(-1e300, 0.0)) == pytest.approx(2.0)
+    assert ref.relative_l2(f64(1e-300, 0.0), f64(2e-300, 0.0)) == pytest.approx(0.5)
+    assert ref.relative_l2(f64(1e308), f64(-1e308)) == pytest.approx(2.0)
+    assert ref.relative_l2(f64(1e308, math.inf), f64(-1e308, math.inf)) == pytest.approx(2.0)
     # complex inputs lost their imaginary part with a warning, lists failed on .detach()
     with pytest.raises(TypeError, match=r"relative_l2: a must be a real torch.Tensor, got a complex tensor"):
         ref.relative_l2(torch.zeros(2, dtype=torch.complex64), torch.zeros(2))

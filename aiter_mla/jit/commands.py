@@ -182,9 +182,10 @@ class VariantsFileError(ValueError):
 
 # the MODULE(K=V, ...) form `jit list` and error messages name a variant by (render.describe)
 _DESCRIBED = re.compile(r"([a-z][a-z0-9_]*)\((.*)\)")
-#: `jit list`'s form with its key after it, alone or as the whole printed line:
-#: "[status] origin MODULE(K=V, ...) KEY  (note)".
-_LISTED = re.compile(r"(?:\[[^\]]*\]\s+\S+\s+)?([a-z][a-z0-9_]*)\(([^()]*)\)\s+[0-9a-f]{12,64}\b.*")
+#: `jit list`'s form with its key after it, alone, or the whole printed line
+#: "[status] origin MODULE(K=V, ...) KEY  (note)", whose key is blank for an [unknown] variant.
+_LISTED = re.compile(r"(\[[^\]]*\]\s+\S+\s+)?([a-z][a-z0-9_]*)\(([^()]*)\)"
+                     r"(?(1)(?:\s+[0-9a-f]{12,64})?(?:\s+\(.*\))?|\s+[0-9a-f]{12,64}\b.*)")
 
 
 def variant_line(name: str, params: dict) -> str:
@@ -196,10 +197,11 @@ def _parse_variant_line(line: str, cfg) -> tuple[str, dict] | None:
     """(module, checked params) of one list-file line, None for a blank or comment line.
     Raises ParamError, UnknownModuleError, or ValueError (unbalanced quotes)."""
     text = line.split("#", 1)[0].strip()
-    described = _DESCRIBED.fullmatch(text) or _LISTED.fullmatch(text)
-    if described:
-        name = described.group(1)
-        items = [t.strip() for t in described.group(2).split(",") if t.strip()]
+    described = _DESCRIBED.fullmatch(text)
+    listed = None if described else _LISTED.fullmatch(text)
+    if described or listed:
+        name, inside = described.groups() if described else listed.group(2, 3)
+        items = [t.strip() for t in inside.split(",") if t.strip()]
     else:
         tokens = shlex.split(line, comments=True)
         if not tokens:
@@ -783,7 +785,10 @@ def cmd_info(args) -> int:
     c = info["cache"]
     state = c["error"] or f"{c['entries']} entries, {c['total_bytes']} bytes" + (
         f"; {c['note']}" if c["note"] else "")
-    print(f"cache: {c['root']} ({'AITER_MLA_CACHE_DIR' if c['explicit'] else 'default'}), {state}")
+    origin = ("AITER_MLA_CACHE_DIR" if c["explicit"] else
+              "default: AITER_MLA_CACHE_DIR is unusable, see problems"
+              if env.is_set("AITER_MLA_CACHE_DIR") else "default")
+    print(f"cache: {c['root']} ({origin}), {state}")
     for other in c["also_read"]:
         state = other["error"] or f"{other['entries']} entries, {other['total_bytes']} bytes"
         print(f"cache: {other['root']} (per-user fallback, also read by lookups), {state}")

@@ -53,6 +53,7 @@ Conventions (``docs/ARCHITECTURE.md``; units as AITER):
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 from .. import arch as _arch
@@ -122,10 +123,14 @@ def check_scalars(*, num_heads: int, num_clusters: int, page_size: int, kv_granu
             f"{MAX_HEADS} heads and q length {MAX_SEQLEN_QO} ({MAX_TILE_ROWS} rows a tile)")
     if num_clusters < 1:
         raise ValueError(f"{n('num_clusters')} must be >= 1, got {num_clusters}")
-    if not _is_pow2(page_size):
-        raise ValueError(f"{n('page_size')} must be a power of two >= 1, got {page_size}")
-    if not _is_pow2(kv_granularity):
-        raise ValueError(f"{n('kv_granularity')} must be a power of two >= 1 (pages), got {kv_granularity}")
+    # the device op passes these as int32 launch fields: the largest power of two there is 2**30
+    if num_clusters > INT32_MAX:
+        raise ValueError(f"{n('num_clusters')} must be <= {INT32_MAX} (int32), got {num_clusters}")
+    if not _is_pow2(page_size) or page_size > 2 ** 30:
+        raise ValueError(f"{n('page_size')} must be a power of two in [1, 2**30], got {page_size}")
+    if not _is_pow2(kv_granularity) or kv_granularity > 2 ** 30:
+        raise ValueError(f"{n('kv_granularity')} must be a power of two in [1, 2**30] (pages), got "
+                         f"{kv_granularity}")
     if max_split_per_batch == 0:
         raise ValueError(f"{n('max_split_per_batch')} must be < 0 (no cap) or >= 1, got 0")
 
@@ -135,7 +140,12 @@ def _as_list(x, name: str) -> list[int]:
         if getattr(x, "dim", lambda: 1)() != 1:
             raise ValueError(f"{name} must be 1-D, got shape {tuple(x.shape)}")
         x = x.detach().cpu().tolist() if hasattr(x, "detach") else x.tolist()
-    return [int(v) for v in x]
+    out = list(x)
+    for i, v in enumerate(out):   # a float or bool would be truncated to a plausible index
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{name} must hold integers, got {v!r} ({type(v).__name__}) at "
+                            f"index {i}")
+    return [int(v) for v in out]
 
 
 def validate_inputs(qo_indptr, kv_indptr, kv_last_page_lens, *, page_size: int,
@@ -150,6 +160,8 @@ def validate_inputs(qo_indptr, kv_indptr, kv_last_page_lens, *, page_size: int,
     outside ``[1, max_seqlen_qo]``; a ``kv_last_page_lens[b]`` outside ``[1, page_size]`` for a
     non-empty batch (1 at page size 1, as the decode kernel checks); a value that does not fit
     int32; a batch with ``>= 2**31`` KV tokens.
+    Raises TypeError naming the argument for an entry that is not an integer (a float or a bool,
+    which would be read as a truncated index).
     ``names``: the caller's names for the two indptrs in the messages (``get_mla_metadata_v1``
     calls them ``seqlens_qo_indptr`` / ``seqlens_kv_indptr``).
     """
