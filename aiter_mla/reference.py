@@ -332,8 +332,9 @@ def reduce_ref(partial_output, partial_lse, reduce_indptr, reduce_final_map, red
             raise ValueError(f"reduce_indptr[{t}:{t + 2}]=({start}, {end}) is outside "
                              f"reduce_partial_map (length {len(pmap)})")
         if fmap is not None and 2 * t + 1 >= len(fmap):
-            raise ValueError(f"reduce_final_map has {len(fmap) // 2} rows, but reduce_indptr's "
-                             f"tile {t} merges {end - start} entries and needs row {t}")
+            raise ValueError(f"reduce_final_map must have a row for each merging tile: "
+                             f"reduce_indptr's tile {t} merges {end - start} entries, but "
+                             f"reduce_final_map has rows 0..{len(fmap) // 2 - 1} only")
         qs, qe = _final_range(t, start, fmap, pmap)
         if qe < qs:
             raise ValueError(f"tile {t} covers q tokens [{qs}, {qe}): q_end < q_start"
@@ -479,10 +480,11 @@ def relative_l2(a: torch.Tensor, b: torch.Tensor) -> float:
         return math.inf
     # Both sides divided by their largest finite magnitude first, so that neither the
     # difference nor the sums of squares overflow (1e300) or underflow (1e-300).
-    zero = torch.zeros((), dtype=torch.float64, device=a64.device)
-    scale = float(torch.maximum(torch.where(fin_a, a64.abs(), zero).amax() if a64.numel() else zero,
-                                torch.where(fin_b, b64.abs(), zero).amax() if b64.numel() else zero))
-    if scale == 0.0:
+    if a64.numel() == 0:
+        return 0.0
+    scale = float(torch.maximum(torch.where(fin_a, a64.abs(), 0.0).amax(),
+                                torch.where(fin_b, b64.abs(), 0.0).amax()))
+    if scale == 0.0:   # every finite entry is 0 in both, and the rest are equal
         return 0.0
     a64, b64 = a64 / scale, b64 / scale
     num = float(torch.linalg.vector_norm(torch.where(same, 0.0, a64 - b64)))

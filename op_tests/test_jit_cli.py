@@ -255,6 +255,13 @@ def test_info_lists_every_malformed_variable(fake_jit, capsys, monkeypatch):
     assert "MISSING" not in out
     # the root shown is the default one, and says so (it read just "(default)": a break test)
     assert "(default: AITER_MLA_CACHE_DIR is unusable, see problems)" in out, out
+    assert main(["info", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["cache"]["origin"] == (
+        "default: AITER_MLA_CACHE_DIR is unusable, see problems")
+    monkeypatch.delenv("AITER_MLA_CACHE_DIR")
+    core.reset_state()
+    main(["info"])
+    assert "(default)," in capsys.readouterr().out
 
 
 def test_info_reports_a_compiler_that_fails_its_version_probe(fake_jit, capsys, monkeypatch, tmp_path):

@@ -150,14 +150,16 @@ def test_build_from_file_reads_every_line_form(fake_jit, tmp_path, capsys):
           [missing] default fake(arch=sm_90a, flavor=b, n=7) 1321286f92d7
           [  other] extra   fake(arch=sm_90a, flavor=a, n=8) 5ea8b90bea89  (built by another toolchain (x); not loaded)
           [unknown] default fake(arch=sm_90a, flavor=b, n=9)   (no toolchain: x)
-    """))   # the last four: a `jit list` form with its key, and whole `jit list` lines (break
-    # tests; an [unknown] line has no key, and was read as a module named '[unknown]')
+        fake(arch=sm_90a, flavor=a, n=10) 5ea8b90bea89  (built by another toolchain (x); not loaded)
+    """))   # from `fake(..., n=6)` on: a `jit list` form with its key, and whole `jit list` lines
+    # (break tests; an [unknown] line has no key, and was read as a module named '[unknown]';
+    # a line with its key and note but no status had both read as parameters)
     root = tmp_path / "r"
     assert cli.main(["jit", "build", "--from-file", str(lst), "--cache-dir", str(root)]) == 0
-    assert "7 of 7 ok, 0 failed" in capsys.readouterr().err   # the repeated line is built once
+    assert "8 of 8 ok, 0 failed" in capsys.readouterr().err   # the repeated line is built once
     assert sorted((m["params"]["n"], m["params"]["flavor"]) for m in _metas(root)) == [
-        (3, "b"), (4, "a"), (5, "a"), (6, "b"), (7, "b"), (8, "a"), (9, "b")]
-    assert fake_jit.started() == 7
+        (3, "b"), (4, "a"), (5, "a"), (6, "b"), (7, "b"), (8, "a"), (9, "b"), (10, "a")]
+    assert fake_jit.started() == 8
 
 
 def test_build_from_file_skips_a_byte_order_mark(fake_jit, tmp_path, capsys):

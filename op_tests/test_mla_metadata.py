@@ -34,6 +34,7 @@ from aiter_mla import arch, paths
 from aiter_mla.jit.render import template_globals
 from aiter_mla.ops import metadata as md
 from aiter_mla.ops.metadata_reference import (
+    check_scalars,
     num_splits_for,
     overhead_blocks,
     reference_schedule,
@@ -438,10 +439,12 @@ def test_values_that_are_not_integers_are_refused():
     it as the host-side value check."""
     import numpy as np
 
-    for qo, bad in (([0.0, 1.7, 2.9], "0.0 (float) at index 0"), ([0, True, 2], "True (bool) at index 1")):
-        with pytest.raises(TypeError, match=re.escape(f"qo_indptr must hold integers, got {bad}")):
-            reference_schedule(torch.tensor(qo) if isinstance(qo[0], float) else qo, [0, 2, 3],
-                               [16, 3], num_heads=16, num_clusters=4, page_size=16,
+    for qo, bad in ((torch.tensor([0.0, 1.7, 2.9]), "qo_indptr must be an integer tensor or array, got dtype torch.float32"),
+                    (np.array([0, 1, 2], dtype=bool), "qo_indptr must be an integer tensor or array, got dtype bool"),
+                    ([0, True, 2], "qo_indptr[1] must be an int, got bool True"),
+                    ([0, 1.0, 2], "qo_indptr[1] must be an int, got float 1.0")):
+        with pytest.raises(TypeError, match=re.escape(bad)):
+            reference_schedule(qo, [0, 2, 3], [16, 3], num_heads=16, num_clusters=4, page_size=16,
                                kv_granularity=4, max_seqlen_qo=4)
     s = reference_schedule(np.array([0, 1, 2]), torch.tensor([0, 2, 3], dtype=torch.int32), [16, 3],
                            num_heads=16, num_clusters=4, page_size=16, kv_granularity=4,
@@ -484,6 +487,17 @@ def test_scalar_errors(kw, exc, msg):
     args.update(kw)
     with pytest.raises(exc, match=msg):
         reference_schedule([0, 1], [0, 2], [3], **args)
+
+
+def test_scalar_bounds_are_inclusive():
+    """The largest page_size / kv_granularity (2**30) and num_clusters (int32) still plan."""
+    for kw in (dict(page_size=2 ** 30, kv_granularity=1), dict(page_size=1, kv_granularity=2 ** 30)):
+        s = reference_schedule([0, 1], [0, 2], [1 if kw["page_size"] == 1 else 3], num_heads=16,
+                               num_clusters=4, max_seqlen_qo=1, **kw)
+        kv = [(w[WI["kv_start"]], w[WI["kv_end"]]) for w in s.work_info]
+        assert kv[0][0] == 0 and kv[-1][1] == 2 and all(a[1] == b[0] for a, b in zip(kv, kv[1:])), kv
+    check_scalars(num_heads=16, num_clusters=2 ** 31 - 1, page_size=16, kv_granularity=4,
+                  max_seqlen_qo=1, max_split_per_batch=-1)
 
 
 # ------------------------------------------------------------------------------------------

@@ -330,7 +330,8 @@ def test_reduce_ref_rejects_out_of_range_partial_rows():
      "reduce_final_map must be [tiles, 2] (q_start, q_end per tile), got (2, 3)"),
     # was a bare IndexError
     (dict(ind=[0, 2, 4], fmap=[[0, 1]], final=(2, 1, DV)),
-     "reduce_final_map has 1 rows, but reduce_indptr's tile 1 merges 2 entries and needs row 1"),
+     "reduce_final_map must have a row for each merging tile: reduce_indptr's tile 1 merges 2 "
+     "entries, but reduce_final_map has rows 0..0 only"),
     (dict(ind=[[0, 2]]), "reduce_indptr must be 1-D, got shape (1, 2)"),
     # was torch's "The expanded size of the tensor (17) must match ..."
     (dict(final=(1, 17, DV)), f"final_output must be [total_q, 1, {DV}]"),

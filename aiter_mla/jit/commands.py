@@ -197,10 +197,10 @@ def _parse_variant_line(line: str, cfg) -> tuple[str, dict] | None:
     """(module, checked params) of one list-file line, None for a blank or comment line.
     Raises ParamError, UnknownModuleError, or ValueError (unbalanced quotes)."""
     text = line.split("#", 1)[0].strip()
-    described = _DESCRIBED.fullmatch(text)
-    listed = None if described else _LISTED.fullmatch(text)
+    listed = _LISTED.fullmatch(text)   # first: _DESCRIBED's greedy (.*) would take a key and note
+    described = None if listed else _DESCRIBED.fullmatch(text)
     if described or listed:
-        name, inside = described.groups() if described else listed.group(2, 3)
+        name, inside = listed.group(2, 3) if listed else described.groups()
         items = [t.strip() for t in inside.split(",") if t.strip()]
     else:
         tokens = shlex.split(line, comments=True)
@@ -705,10 +705,11 @@ def cmd_info(args) -> int:
         no_builds = env.get_flag("AITER_MLA_DISABLE_JIT")
     except ValueError:   # malformed: already a problem above
         no_builds = False
+    unusable_root = False
     try:
         st = core._get_state()
     except ValueError:   # an AITER_MLA_CACHE_DIR that cannot expand: a problem above; show the default root
-        st = core._State(default=True)
+        st, unusable_root = core._State(default=True), True
     toolchains = {}
     for arch in ARCHS:
         try:
@@ -754,7 +755,10 @@ def cmd_info(args) -> int:
         "archs": {"all": list(ARCHS), "nvidia": list(NVIDIA_ARCHS), "amd": list(AMD_ARCHS)},
         "toolchains": toolchains,
         "gpu": _gpu(),
-        "cache": {**cache, "note": cache_note, "also_read": [_root_summary(o) for o in st.caches[1:]]},
+        "cache": {**cache, "note": cache_note, "also_read": [_root_summary(o) for o in st.caches[1:]],
+                  "origin": ("AITER_MLA_CACHE_DIR" if st.cache.explicit else
+                             "default: AITER_MLA_CACHE_DIR is unusable, see problems"
+                             if unusable_root else "default")},
         "config": str(cfg.path) if cfg is not None else None, "templates": _templates_shown(),
         "experimental_enabled": is_experimental_enabled(),
         "third_party": pins,
@@ -785,10 +789,7 @@ def cmd_info(args) -> int:
     c = info["cache"]
     state = c["error"] or f"{c['entries']} entries, {c['total_bytes']} bytes" + (
         f"; {c['note']}" if c["note"] else "")
-    origin = ("AITER_MLA_CACHE_DIR" if c["explicit"] else
-              "default: AITER_MLA_CACHE_DIR is unusable, see problems"
-              if env.is_set("AITER_MLA_CACHE_DIR") else "default")
-    print(f"cache: {c['root']} ({origin}), {state}")
+    print(f"cache: {c['root']} ({c['origin']}), {state}")
     for other in c["also_read"]:
         state = other["error"] or f"{other['entries']} entries, {other['total_bytes']} bytes"
         print(f"cache: {other['root']} (per-user fallback, also read by lookups), {state}")

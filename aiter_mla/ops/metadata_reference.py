@@ -53,7 +53,6 @@ Conventions (``docs/ARCHITECTURE.md``; units as AITER):
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 
 from .. import arch as _arch
@@ -136,16 +135,26 @@ def check_scalars(*, num_heads: int, num_clusters: int, page_size: int, kv_granu
 
 
 def _as_list(x, name: str) -> list[int]:
+    """``x`` (a 1-D integer tensor or array, or a sequence of ints) as a list of ints; a float
+    or bool would otherwise be truncated to a plausible index (TypeError naming ``name``)."""
     if hasattr(x, "tolist"):
         if getattr(x, "dim", lambda: 1)() != 1:
             raise ValueError(f"{name} must be 1-D, got shape {tuple(x.shape)}")
-        x = x.detach().cpu().tolist() if hasattr(x, "detach") else x.tolist()
+        dtype = getattr(x, "dtype", None)
+        if dtype is not None and not _is_int_dtype(dtype):
+            raise TypeError(f"{name} must be an integer tensor or array, got dtype {dtype}")
+        return x.detach().cpu().tolist() if hasattr(x, "detach") else x.tolist()
     out = list(x)
-    for i, v in enumerate(out):   # a float or bool would be truncated to a plausible index
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-            raise TypeError(f"{name} must hold integers, got {v!r} ({type(v).__name__}) at "
-                            f"index {i}")
+    for i, v in enumerate(out):
+        check_int(f"{name}[{i}]", v)
     return [int(v) for v in out]
+
+
+def _is_int_dtype(dtype) -> bool:
+    """A torch or NumPy integer dtype (not bool)."""
+    if hasattr(dtype, "is_floating_point"):   # torch.dtype
+        return not (dtype.is_floating_point or dtype.is_complex or str(dtype) == "torch.bool")
+    return getattr(dtype, "kind", "") in ("i", "u")
 
 
 def validate_inputs(qo_indptr, kv_indptr, kv_last_page_lens, *, page_size: int,
@@ -160,8 +169,8 @@ def validate_inputs(qo_indptr, kv_indptr, kv_last_page_lens, *, page_size: int,
     outside ``[1, max_seqlen_qo]``; a ``kv_last_page_lens[b]`` outside ``[1, page_size]`` for a
     non-empty batch (1 at page size 1, as the decode kernel checks); a value that does not fit
     int32; a batch with ``>= 2**31`` KV tokens.
-    Raises TypeError naming the argument for an entry that is not an integer (a float or a bool,
-    which would be read as a truncated index).
+    Raises TypeError naming the argument for a non-integer tensor or array, or a list entry that
+    is not an int (a float or a bool would be read as a truncated index).
     ``names``: the caller's names for the two indptrs in the messages (``get_mla_metadata_v1``
     calls them ``seqlens_qo_indptr`` / ``seqlens_kv_indptr``).
     """
@@ -271,7 +280,7 @@ def reference_schedule(qo_indptr, kv_indptr, kv_last_page_lens, *, num_heads: in
     ``kv_granularity`` in pages; ``max_seqlen_qo`` >= every q length (it is also the tail
     threshold in tokens).
 
-    Returns a :class:`Schedule`. Raises ValueError / NotImplementedError as
+    Returns a :class:`Schedule`. Raises TypeError / ValueError / NotImplementedError as
     :func:`check_scalars` and :func:`validate_inputs` (``names`` as there).
     """
     check_scalars(num_heads=num_heads, num_clusters=num_clusters, page_size=page_size,
