@@ -250,10 +250,12 @@ __device__ __forceinline__ void take_over(float (&m)[2], float (&scale)[2], cons
   }
 }
 
-// O's and l's rows times their factors.
+// O's and l's rows times their factors. A row whose max did not move has factor exactly 1
+// (fast_exp2(0)); a warp whose 16 rows all have it skips O's 128 multiplies, which sit on the
+// hand-over chain (no wgmma is in flight here, so the branch does not serialise any).
 template <class C>
 __device__ __forceinline__ void rescale(float (&o)[C::kOTiles][4], RowState& st, const float (&scale)[2]) {
-  scale_rows<C>(o, scale);
+  if (__any_sync(0xffffffffu, scale[0] != 1.f || scale[1] != 1.f)) scale_rows<C>(o, scale);
   st.l[0] *= scale[0];
   st.l[1] *= scale[1];
 }
