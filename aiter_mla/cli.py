@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         from . import env
 
         if not getattr(args, "checks_env_itself", False):   # `info` reports it among the rest
-            env.check_values()   # a malformed variable is an error on every other command
+            # a malformed variable is an error on every other command, but the cache root's
+            # when --cache-dir replaces it
+            env.check_values(("AITER_MLA_CACHE_DIR",) if getattr(args, "cache_dir", None) else ())
         rc = args.func(args)
     except KeyboardInterrupt as exc:
         from .jit.toolchain import kill_running_builds

@@ -234,12 +234,12 @@ def _check_one(name: str, var: EnvVar) -> None:
         get_path(name)
 
 
-def problems() -> list[str]:
+def problems(skip: tuple[str, ...] = ()) -> list[str]:
     """The message of every declared variable that is set and malformed, by name
-    (``aiter-mla info`` lists them all)."""
+    (``aiter-mla info`` lists them all); ``skip``: names the caller does not read."""
     found = []
     for name, var in sorted(_REGISTRY.items()):
-        if is_set(name):
+        if is_set(name) and name not in skip:
             try:
                 _check_one(name, var)
             except ValueError as exc:
@@ -247,11 +247,12 @@ def problems() -> list[str]:
     return found
 
 
-def check_values() -> None:
-    """Parses every declared variable that is set by its kind and raises ValueError naming
-    the first malformed one (the CLI runs this before every command, so a typo such as
-    ``AITER_MLA_LOCK_TIMEOUT=-1`` fails at once instead of at the first build)."""
-    found = problems()
+def check_values(skip: tuple[str, ...] = ()) -> None:
+    """Parses every declared variable that is set by its kind, but those in ``skip``, and
+    raises ValueError naming the first malformed one (the CLI runs this before every command,
+    so a typo such as ``AITER_MLA_LOCK_TIMEOUT=-1`` fails at once instead of at the first
+    build; a command given ``--cache-dir`` skips AITER_MLA_CACHE_DIR, which it does not read)."""
+    found = problems(skip)
     if found:
         raise ValueError(found[0])
 

@@ -81,7 +81,7 @@ def test_a_missing_module_is_named_with_the_fix(monkeypatch, capsys, module, fix
     """A command run without a package it needs: the one-line error says how to install it."""
     from aiter_mla import env
 
-    def missing():
+    def missing(*_skip):
         raise ModuleNotFoundError(f"No module named '{module}'", name=module)
 
     monkeypatch.setattr(env, "check_values", missing)

@@ -264,6 +264,27 @@ def test_info_lists_every_malformed_variable(fake_jit, capsys, monkeypatch):
     assert "(default)," in capsys.readouterr().out
 
 
+def test_cache_dir_replaces_a_malformed_cache_variable(fake_jit, capsys, monkeypatch, tmp_path):
+    """With a malformed AITER_MLA_CACHE_DIR in the environment, a command given --cache-dir
+    failed all the same (the CLI's check of every variable, then each variant's plan, read it),
+    though it reads only its own root (a break test). Any other malformed variable still fails,
+    and without --cache-dir the variable is read and refused."""
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", "~aiter_mla_no_such_user_x/c")
+    core.reset_state()
+    root = tmp_path / "r"
+    build = ["jit", "build", "fake", "--param", "arch=sm_90a", "--param", "n=3", "--param", "flavor=a"]
+    assert main(build + ["--cache-dir", str(root)]) == 0
+    assert main(["jit", "list", "--cache-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert any(line.strip().startswith("[ cached]") and "fake(arch=sm_90a, flavor=a, n=3)" in line
+               for line in out.splitlines()) and "no_such_user" not in out, out
+    assert main(["jit", "list"]) == 1
+    assert "AITER_MLA_CACHE_DIR must be a path" in capsys.readouterr().err
+    monkeypatch.setenv("AITER_MLA_LOCK_TIMEOUT", "-1")
+    assert main(["jit", "list", "--cache-dir", str(root)]) == 1
+    assert "AITER_MLA_LOCK_TIMEOUT" in capsys.readouterr().err
+
+
 def test_info_reports_a_compiler_that_fails_its_version_probe(fake_jit, capsys, monkeypatch, tmp_path):
     """AITER_MLA_NVCC=/bin/false (its --version fails) exited 0 after the first fix, which only
     caught "not an executable file" (a review); under AITER_MLA_DISABLE_JIT nothing is built, so

@@ -222,7 +222,10 @@ class _Plan:
 def _plan(name: str, params: dict, kind: str | None = None) -> _Plan:
     """The build plan of a variant: for the compiler found for its arch, or, with ``kind``, for
     an absent compiler of that kind (``Compiler.absent``: flags known, identity not)."""
-    env.check_values()   # malformed variables fail on cache hits too, not only misses
+    # malformed variables fail on cache hits too, not only misses; under a command's
+    # --cache-dir (using_cache_root), AITER_MLA_CACHE_DIR is not read
+    st = _state
+    env.check_values(("AITER_MLA_CACHE_DIR",) if st is not None and st.cache.origin == "--cache-dir" else ())
     cfg = load_config()
     mcfg = cfg.module(name)
     params = mcfg.check_params(params)
