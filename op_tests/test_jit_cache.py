@@ -759,6 +759,26 @@ def test_sigterm_during_cli_build_kills_the_compiler_and_cleans_up(fake_jit):
     assert not entries.exists() or not list(entries.iterdir())
 
 
+def test_an_interrupted_build_keeps_the_keys_real_failure(fake_jit, monkeypatch):
+    """An interrupted build (the compiler killed by a signal) replaced failed/<key>, the key's
+    last real failure, with "interrupted" (a break test): it now keeps that record, and keeps
+    its own only where there was none (test_sigterm_during_cli_build...)."""
+    monkeypatch.setenv("FAKE_CC_MODE", "fail")
+    with pytest.raises(BuildError):
+        core.build_variant("fake", arch="sm_90a", n=4, flavor="a")
+    (record,) = (fake_jit.root / "failed").iterdir()
+    real = (record / "build.log").read_text()
+    assert "killed by signal" not in real and "something is wrong" in real
+    monkeypatch.setenv("FAKE_CC_MODE", "ok")
+    monkeypatch.setattr(core, "run_compiler", lambda *a, **k: (-15, ""))   # SIGTERM'd
+    with pytest.raises(BuildError, match="killed by signal 15: interrupted") as ei:
+        core.build_variant("fake", arch="sm_90a", n=4, flavor="a")
+    assert [p.name for p in (fake_jit.root / "failed").iterdir()] == [record.name]
+    assert (record / "build.log").read_text() == real
+    assert ei.value.source_path == record / "source.cu" and ei.value.source_path.is_file()
+    assert _leftovers(fake_jit.root) == []
+
+
 def test_successful_build_clears_the_failure_record(fake_jit, monkeypatch):
     """failed/<key> describes the last failed build of a key; once the key builds, it is stale."""
     monkeypatch.setenv("FAKE_CC_MODE", "fail")

@@ -542,10 +542,15 @@ class Cache:
         self.move_aside(self.root / "failed" / key)   # an earlier failure of this key is stale now
         return final
 
-    def keep_failed(self, key: str, staging: Path) -> Path:
+    def keep_failed(self, key: str, staging: Path, replace: bool = True) -> Path:
         """Keep a failed build's source and log under failed/<key>/ for inspection; return
-        the kept source path."""
+        the kept source path. ``replace=False`` (an interrupted build) keeps a record already
+        there, the key's last real failure, and drops the staging folder (the key fixes the
+        source, so the record's source is this build's)."""
         dest = self.root / "failed" / key
+        if not replace and dest.is_dir():
+            shutil.rmtree(staging, ignore_errors=True)
+            return dest / "source.cu"
         self.move_aside(dest)
         try:
             os.rename(staging, dest)

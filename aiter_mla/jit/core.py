@@ -499,7 +499,7 @@ def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, so
         problem = f"{compiler.kind} exit status {rc}" if rc != 0 else \
             check_artifact(out, compiler, plan.params["arch"])
     if problem:
-        kept = cache.keep_failed(key, staging)
+        kept = cache.keep_failed(key, staging, replace=rc >= 0)   # an interruption keeps a real failure's record
         tail = "\n".join(output.strip().splitlines()[-40:])
         # the command on the kept source (the staging folder is gone), shell-quoted to paste
         again = compiler.command(plan.flags, kept, kept.parent / out.name, plan.include_dirs)
