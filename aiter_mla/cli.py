@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # every failure exits non-zero with a one-line reason
         reason = str(exc) or type(exc).__name__ + (" (out of memory)" if isinstance(exc, MemoryError) else "")
         reason += missing_module_hint(exc)
-        reason += _cache_root_hint(exc)
+        reason += _cache_root_hint(exc, getattr(args, "cache_dir", None))
         print(f"aiter-mla {args.command}: error: {reason}", file=sys.stderr)
         return 2 if _is_usage_error(exc) else 1
     finally:
@@ -126,17 +126,25 @@ def _is_usage_error(exc: BaseException) -> bool:
     return isinstance(exc, (ParamError, UnknownModuleError, VariantsFileError, CommandLineError))
 
 
-def _cache_root_hint(exc: BaseException) -> str:
+def _cache_root_hint(exc: BaseException, cache_dir=None) -> str:
     """For an OS error on a path inside a JIT cache root (e.g. AITER_MLA_CACHE_DIR names a
-    file), where that root came from; else ""."""
+    file), where that root came from; else "". ``cache_dir``: the command's --cache-dir, the
+    root it used (its block has ended by now). Never raises: it only adds to a message."""
     filename = getattr(exc, "filename", None) if isinstance(exc, OSError) else None
     if not filename:
         return ""
     from pathlib import Path
 
     from .jit import core
+    from .jit.cache import Cache
+    from .paths import absolute_path
 
-    for cache in core._get_state().caches:
+    try:
+        caches = ([Cache(absolute_path(cache_dir, "--cache-dir"), True, "--cache-dir")]
+                  if cache_dir else core._get_state().caches)
+    except ValueError:   # a malformed AITER_MLA_CACHE_DIR: the error says what it says
+        return ""
+    for cache in caches:
         if Path(filename).absolute().is_relative_to(cache.root):
             how = f"{cache.origin}={cache.root}" if cache.explicit else "the default cache root"
             return f" (a path in the JIT cache root {cache.root}, {how}: it must be a writable folder)"

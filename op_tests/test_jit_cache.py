@@ -760,9 +760,10 @@ def test_sigterm_during_cli_build_kills_the_compiler_and_cleans_up(fake_jit):
 
 
 def test_an_interrupted_build_keeps_the_keys_real_failure(fake_jit, monkeypatch):
-    """An interrupted build (the compiler killed by a signal) replaced failed/<key>, the key's
-    last real failure, with "interrupted" (a break test): it now keeps that record, and keeps
-    its own only where there was none (test_sigterm_during_cli_build...)."""
+    """An interrupted build (this process killed the compiler: Ctrl-C / SIGTERM) replaced
+    failed/<key>, the key's last real failure (a break test): it now keeps that record, and
+    keeps its own only where there was none (test_sigterm_during_cli_build...). A compiler
+    killed by anything else is a failure of its own, recorded (a review)."""
     monkeypatch.setenv("FAKE_CC_MODE", "fail")
     with pytest.raises(BuildError):
         core.build_variant("fake", arch="sm_90a", n=4, flavor="a")
@@ -770,13 +771,20 @@ def test_an_interrupted_build_keeps_the_keys_real_failure(fake_jit, monkeypatch)
     real = (record / "build.log").read_text()
     assert "killed by signal" not in real and "something is wrong" in real
     monkeypatch.setenv("FAKE_CC_MODE", "ok")
-    monkeypatch.setattr(core, "run_compiler", lambda *a, **k: (-15, ""))   # SIGTERM'd
-    with pytest.raises(BuildError, match="killed by signal 15: interrupted") as ei:
+    monkeypatch.setattr(core, "run_compiler", lambda *a, **k: (-9, "", True))   # killed by us
+    with pytest.raises(BuildError, match="the build was interrupted") as ei:
         core.build_variant("fake", arch="sm_90a", n=4, flavor="a")
     assert [p.name for p in (fake_jit.root / "failed").iterdir()] == [record.name]
     assert (record / "build.log").read_text() == real
     assert ei.value.source_path == record / "source.cu" and ei.value.source_path.is_file()
+    assert f"this build's log was not kept; the key's last failed build (the same source): {record}" in str(ei.value)
     assert _leftovers(fake_jit.root) == []
+    # killed by something else (a crash, the out-of-memory killer): a real failure, recorded
+    monkeypatch.setattr(core, "run_compiler", lambda *a, **k: (-9, "", False))
+    with pytest.raises(BuildError, match="killed by signal 9: it crashed, or the system killed it") as ei:
+        core.build_variant("fake", arch="sm_90a", n=4, flavor="a")
+    assert "[aiter_mla] " in (record / "build.log").read_text()
+    assert f"rendered source and build.log: {record}" in str(ei.value)
 
 
 def test_successful_build_clears_the_failure_record(fake_jit, monkeypatch):

@@ -280,6 +280,15 @@ def test_cache_dir_replaces_a_malformed_cache_variable(fake_jit, capsys, monkeyp
                for line in out.splitlines()) and "no_such_user" not in out, out
     assert main(["jit", "list"]) == 1
     assert "AITER_MLA_CACHE_DIR must be a path" in capsys.readouterr().err
+    # an OS error in the --cache-dir root: its hint read the default root (the variable, here
+    # malformed: a traceback, a review) and never named --cache-dir
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "entries").write_text("x")
+    assert main(["jit", "list", "--cache-dir", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"(a path in the JIT cache root {bad}, --cache-dir={bad}: it must be a writable folder)" in err, err
+    assert len(err.strip().splitlines()) == 1, err
     monkeypatch.setenv("AITER_MLA_LOCK_TIMEOUT", "-1")
     assert main(["jit", "list", "--cache-dir", str(root)]) == 1
     assert "AITER_MLA_LOCK_TIMEOUT" in capsys.readouterr().err

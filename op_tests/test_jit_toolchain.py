@@ -414,7 +414,8 @@ def test_compiler_temp_files_stay_in_staging_and_go(tmp_path):
     staging = tmp_path / "staging"
     staging.mkdir()
     cmd = ["sh", "-c", 'echo "tmp=$TMPDIR"; touch "$TMPDIR/tmpxft_leftover" && echo "in $PWD/$TMPDIR"; exit 3']
-    rc, out = run_compiler(cmd, staging, staging / "build.log")
+    rc, out, interrupted = run_compiler(cmd, staging, staging / "build.log")
+    assert not interrupted
     assert rc == 3
     assert "tmp=tmp\n" in out and f"in {staging / 'tmp'}" in out
     assert not (staging / "tmp").exists()

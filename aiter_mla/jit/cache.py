@@ -10,7 +10,8 @@ Layout under the root (``AITER_MLA_CACHE_DIR``, default ``~/.cache/aiter_mla``):
     locks/<key>.owner    who holds the lock, for waiters' messages only (never for liveness)
     staging/<key>.<pid>.<rand>/   a build in progress; same filesystem, so publish is a rename
     trash/               entries moved aside (corrupt, rebuilt, cleared) before deletion
-    failed/<key>/        source.cu + build.log of the last failed build of a key
+    failed/<key>/        source.cu + build.log of the last failed build of a key (an
+                         interrupted build's only where the key has no failure kept)
     used/<key>           last-use stamps (mtime) for LRU gc
     toolchains/          remembered ``--version`` outputs (toolchain.py)
     third_party/         pinned checkouts (third_party.py)
@@ -542,21 +543,22 @@ class Cache:
         self.move_aside(self.root / "failed" / key)   # an earlier failure of this key is stale now
         return final
 
-    def keep_failed(self, key: str, staging: Path, replace: bool = True) -> Path:
+    def keep_failed(self, key: str, staging: Path, replace: bool = True) -> tuple[Path, bool]:
         """Keep a failed build's source and log under failed/<key>/ for inspection; return
-        the kept source path. ``replace=False`` (an interrupted build) keeps a record already
-        there, the key's last real failure, and drops the staging folder (the key fixes the
-        source, so the record's source is this build's)."""
+        (the kept source path, whether it is an earlier build's). ``replace=False`` (an
+        interrupted build) keeps a whole record already there, the key's last real failure,
+        and drops the staging folder: the key fixes the source, so that record's is this
+        build's."""
         dest = self.root / "failed" / key
-        if not replace and dest.is_dir():
+        if not replace and (dest / "source.cu").is_file():
             shutil.rmtree(staging, ignore_errors=True)
-            return dest / "source.cu"
+            return dest / "source.cu", True
         self.move_aside(dest)
         try:
             os.rename(staging, dest)
         except OSError:
-            return staging / "source.cu"
-        return dest / "source.cu"
+            return staging / "source.cu", False
+        return dest / "source.cu", False
 
     # ----- listing, clearing, gc
     def entries(self) -> list[dict]:

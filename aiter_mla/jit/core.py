@@ -76,6 +76,7 @@ class _State:
         # default: the default root whatever AITER_MLA_CACHE_DIR says (`info` when it is unusable)
         # the variable is read only where it is used: a --cache-dir overrides even a bad one
         explicit = None if default or root is not None else env.get_path("AITER_MLA_CACHE_DIR")
+        self.reads_cache_variable = root is None and not default
         if root is not None:   # a command's --cache-dir
             self.caches = [Cache(root, explicit=True, origin="--cache-dir")]
         elif explicit is not None:
@@ -225,7 +226,7 @@ def _plan(name: str, params: dict, kind: str | None = None) -> _Plan:
     # malformed variables fail on cache hits too, not only misses; under a command's
     # --cache-dir (using_cache_root), AITER_MLA_CACHE_DIR is not read
     st = _state
-    env.check_values(("AITER_MLA_CACHE_DIR",) if st is not None and st.cache.origin == "--cache-dir" else ())
+    env.check_values(() if st is None or st.reads_cache_variable else ("AITER_MLA_CACHE_DIR",))
     cfg = load_config()
     mcfg = cfg.module(name)
     params = mcfg.check_params(params)
@@ -485,27 +486,32 @@ def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, so
     note = "".join(f"# {k} -> {v}\n" for k, v in links.items())
     t0 = time.perf_counter()
     try:
-        rc, output = run_compiler(run_cmd, staging, staging / "build.log", note=note)
+        rc, output, interrupted = run_compiler(run_cmd, staging, staging / "build.log", note=note)
     finally:
         for name in links:   # not published: the entry holds no link out of the cache
             with contextlib.suppress(OSError):
                 (staging / name).unlink()
     seconds = time.perf_counter() - t0
-    if rc < 0:   # killed by a signal: interrupted (Ctrl-C / SIGTERM) or crashed, not a compile error
-        problem = f"{compiler.kind} exit status {rc} (killed by signal {-rc}: interrupted, or it crashed)"
+    if rc < 0:   # killed by a signal: not a compile error
+        problem = (f"{compiler.kind} stopped: the build was interrupted (Ctrl-C / SIGTERM)" if interrupted else
+                   f"{compiler.kind} exit status {rc} (killed by signal {-rc}: it crashed, or the system "
+                   f"killed it, e.g. when out of memory)")
         with contextlib.suppress(OSError), open(staging / "build.log", "a") as log:
             log.write(f"\n[aiter_mla] {problem}\n")
     else:
         problem = f"{compiler.kind} exit status {rc}" if rc != 0 else \
             check_artifact(out, compiler, plan.params["arch"])
     if problem:
-        kept = cache.keep_failed(key, staging, replace=rc >= 0)   # an interruption keeps a real failure's record
+        # an interrupted build keeps the key's last real failure, where there is one
+        kept, earlier = cache.keep_failed(key, staging, replace=not interrupted)
         tail = "\n".join(output.strip().splitlines()[-40:])
         # the command on the kept source (the staging folder is gone), shell-quoted to paste
         again = compiler.command(plan.flags, kept, kept.parent / out.name, plan.include_dirs)
+        where = (f"  this build's log was not kept; the key's last failed build (the same source): {kept.parent}"
+                 if earlier else f"  rendered source and build.log: {kept.parent}")
         raise BuildError(
             f"build of {variant} failed: {problem}\n  params: {plan.params}\n"
-            f"  rendered source and build.log: {kept.parent}\n  command, on the kept source: {shlex.join(again)}\n"
+            f"{where}\n  command, on the kept source: {shlex.join(again)}\n"
             f"  compiler output (last 40 lines):\n{tail}",
             variant=variant, params=plan.params, source_path=kept, command=again,
             returncode=rc, stderr_tail=tail)

@@ -27,6 +27,7 @@ import shutil
 import struct
 import sys
 import logging
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -437,9 +438,11 @@ def save_version(identity_dir: Path, path: str) -> None:
         _write_version(record, stamp_list, version)
 
 
-def run_compiler(command: list[str], cwd: Path, log_path: Path, note: str = "") -> tuple[int, str]:
+def run_compiler(command: list[str], cwd: Path, log_path: Path, note: str = "") -> tuple[int, str, bool]:
     """Run a build in ``cwd``; write ``note``, its command and output to ``log_path``; return
-    (exit status, output).
+    (exit status, output, interrupted): interrupted when this process killed the compiler
+    (:func:`kill_running_builds`, on Ctrl-C / SIGTERM), not when something else did (a crash,
+    the out-of-memory killer).
 
     The compiler's temporary files (TMPDIR, TMP, TEMP) go to ``cwd/tmp``, removed when it ends:
     nvcc cannot clean up its tmpxft_* files when an interrupted build is killed."""
@@ -463,7 +466,7 @@ def run_compiler(command: list[str], cwd: Path, log_path: Path, note: str = "") 
                                     errors="surrogateescape", env=child_env,
                                     start_new_session=True)
         except OSError as exc:
-            rc, out = 127, f"could not start {command[0]}: {exc}"
+            rc, out, proc = 127, f"could not start {command[0]}: {exc}", None
         else:
             _running.add(proc)
             try:
@@ -478,10 +481,11 @@ def run_compiler(command: list[str], cwd: Path, log_path: Path, note: str = "") 
         shutil.rmtree(tmp, ignore_errors=True)
     log_path.write_text(f"# in {cwd}\n{note}$ " + shlex.join(command) + "\n" + out,
                         encoding="utf-8", errors="surrogateescape")   # a cache path need not be UTF-8
-    return rc, out
+    return rc, out, proc is not None and proc in _killed
 
 
 _running: set = set()  # compiler processes of builds in flight (any thread)
+_killed: weakref.WeakSet = weakref.WeakSet()  # the ones _kill_group killed: interrupted builds
 
 
 def kill_running_builds() -> None:
@@ -508,6 +512,7 @@ def interruptible(pool):
 def _kill_group(proc) -> None:
     import signal
 
+    _killed.add(proc)   # before the kill: the build's thread reads it once communicate() returns
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
