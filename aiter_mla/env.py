@@ -147,13 +147,15 @@ def get_int(name: str, default: int = 0) -> int:
     value = get(name)
     if value is None:
         return default
-    try:
-        number = int(value.strip())
-    except ValueError:
+    # ASCII decimal only, as C's atoi reads it: Python's int() also takes "1_0" and
+    # full-width digits, which AITER's C side would read otherwise
+    whole = re.fullmatch(r"\s*([+-]?[0-9]+)\s*", value)
+    if whole is None:
         if var.lenient:   # C atoi: the leading [+-]digits ("2x" is 2), none at all is 0
-            prefix = re.match(r"\s*([+-]?\d+)", value)
+            prefix = re.match(r"\s*([+-]?[0-9]+)", value)
             return int(prefix.group(1)) if prefix else default
-        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+        raise ValueError(f"environment variable {name} must be an integer, got {value!r}")
+    number = int(whole.group(1))
     if var.kind == "positive int" and number <= 0:
         raise ValueError(f"environment variable {name} must be a positive integer, got {value!r}")
     if var.minimum is not None and number < var.minimum:

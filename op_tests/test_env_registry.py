@@ -78,10 +78,11 @@ def test_int_parsing_follows_aiter(monkeypatch):
         assert env.get_flag("AITER_ENABLE_EXPERIMENTAL") is on
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-4", "1.5"])
+@pytest.mark.parametrize("value", ["abc", "0", "-4", "1.5", "1_0", "\uff11\uff12", "0x10"])
 def test_cu_num_must_be_a_positive_integer(monkeypatch, value):
     """CU_NUM sizes the schedule: a value that is not a positive integer is an error naming it
-    (it used to read 0 as "unset" and then say CU_NUM was unset)."""
+    (it used to read 0 as "unset" and then say CU_NUM was unset). ASCII decimal only: Python's
+    int() read "1_0" as 10 and full-width digits as 12 (a break test)."""
     from aiter_mla import arch
 
     monkeypatch.setenv("CU_NUM", value)

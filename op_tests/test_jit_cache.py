@@ -5,6 +5,7 @@ Each test names the public report it guards against (docs/DESIGN.md §3.8).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shlex
@@ -15,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -785,6 +787,29 @@ def test_an_interrupted_build_keeps_the_keys_real_failure(fake_jit, monkeypatch)
         core.build_variant("fake", arch="sm_90a", n=4, flavor="a")
     assert "[aiter_mla] " in (record / "build.log").read_text()
     assert f"rendered source and build.log: {record}" in str(ei.value)
+
+
+@pytest.mark.parametrize("errno_, raised", [(errno.ENOSPC, CacheNotWritableError), (errno.ENOENT, FileNotFoundError)])
+def test_a_full_disk_is_named_and_leaves_no_staging(fake_jit, monkeypatch, errno_, raised):
+    """A full disk under a build was a bare OSError ([Errno 28], no path, not one of the
+    errors get_module documents) and left its staging folder (a break test). Now the staging
+    folder goes, and a root that cannot take the files is CacheNotWritableError naming it;
+    any other OS error passes unchanged."""
+    real = Path.write_text
+
+    def write_text(self, *a, **k):
+        if self.name == "source.cu":
+            raise OSError(errno_, os.strerror(errno_), str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    with pytest.raises(raised) as ei:
+        core.build_variant("fake", arch="sm_90a", n=4, flavor="a")
+    if raised is CacheNotWritableError:
+        msg = str(ei.value)
+        assert f"could not write into the cache root {fake_jit.root}" in msg and "source.cu" in msg, msg
+        assert "No space left on device" in msg and "free space there" in msg, msg
+    assert _leftovers(fake_jit.root) == []
 
 
 def test_successful_build_clears_the_failure_record(fake_jit, monkeypatch):

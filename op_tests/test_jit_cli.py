@@ -113,6 +113,9 @@ def test_build_failure_exits_nonzero_and_reports(fake_jit, capsys, monkeypatch):
      "--batch 64 x --ctx '2000000000' is 128000000000 KV pages"),
     # one request past int32 (was exit 1, naming "batch 0" instead of the flag)
     (["metadata", "--batch", "1", "--ctx", "2147483648"], "--ctx must be at most 2147483647 KV tokens a request"),
+    # a range past it named a random draw, not the bound given (a break test)
+    (["metadata", "--batch", "2", "--ctx", "1-99999999999"],
+     "--ctx must be at most 2147483647 KV tokens a request (kv_offset is int32), got HI=99999999999 in '1-99999999999'"),
     (["metadata", "--batch", "4", "--ctx", "100", "--heads", "129"], "--heads * --qlen = 129 * 1 is not supported"),
     (["metadata", "--batch", "4", "--ctx", "100", "--qlen", "1,17"], "--heads * --qlen = 128 * 17 is not supported"),
     (["deps", "fetch", "nosuch"], "'nosuch' is not pinned"),

@@ -19,6 +19,7 @@ source and flags that any toolchain built (docs/DESIGN.md §3.9).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shlex
@@ -450,9 +451,34 @@ def _cached_without_compiler(name: str, params: dict, force: bool, t0: float) ->
 _NVCC_UNSAFE = frozenset(',$"\\`')
 
 
+#: errnos of a cache root that cannot take a build's files (a full disk, a quota, a mount gone
+#: read-only or a permission changed under the build)
+_UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
 def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, source: str,
                          variant: str, replace: bool) -> Entry:
-    staging = cache.new_staging(key)
+    """Build ``plan`` in a staging folder and publish it as ``key``'s entry. An OS error writing
+    the build's files (a full disk: a bare OSError with no path, and the staging folder left
+    behind) removes the staging folder; a root that cannot take them is CacheNotWritableError."""
+    staging = None
+    try:
+        staging = cache.new_staging(key)
+        return _build_in(staging, cache, plan, key, manifest, source, variant, replace)
+    except OSError as exc:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if exc.errno not in _UNWRITABLE:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise CacheNotWritableError(
+            f"build of {variant} could not write into the cache root {cache.root} ({where}"
+            f"{exc.strerror or exc}): free space there, or set "
+            f"{cache.origin if cache.explicit else 'AITER_MLA_CACHE_DIR'} to another folder") from exc
+
+
+def _build_in(staging: Path, cache: Cache, plan: _Plan, key: str, manifest: dict, source: str,
+              variant: str, replace: bool) -> Entry:
     src = staging / "source.cu"
     src.write_text(source)
     compiler = plan.compiler

@@ -233,8 +233,8 @@ def _buffer_specs(batch_size: int, nc: int) -> list:
 @dataclass(frozen=True)
 class PlanRecord:
     """The shape a schedule was planned for (recorded by :func:`get_mla_metadata_v1`, on the
-    device and on the CPU). ``num_heads`` = q heads per KV head; dtypes are bf16 when not given
-    (AITER's default)."""
+    device and on the CPU). ``num_heads`` = q heads per KV head; dtypes as given, None when not
+    (the plan then has fp8's work-list count, :func:`get_mla_metadata_info_v1`)."""
     num_heads: int
     num_heads_k: int
     max_seqlen_qo: int
@@ -577,8 +577,7 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
     _record_plan(work_info_set, work_indptr, num_heads=num_heads_per_head_k,
                  num_heads_k=num_heads_k, max_seqlen_qo=max_seqlen_qo, page_size=page_size,
                  kv_granularity=kv_granularity, batch_size=nb, num_clusters=nc,
-                 num_splits=nsplit, dtype_q=dtype_q if dtype_q is not None else torch.bfloat16,
-                 dtype_kv=dtype_kv if dtype_kv is not None else torch.bfloat16)
+                 num_splits=nsplit, dtype_q=dtype_q, dtype_kv=dtype_kv)
     if prepared is not None and key is not None and not torch.cuda.is_current_stream_capturing():
         prepared.plan_key = _plan_key(work_info_set)
         prepared.plan = _plans[prepared.plan_key]

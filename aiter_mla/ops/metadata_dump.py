@@ -58,6 +58,11 @@ def _lengths(spec: str, batch: int, seed: int | None) -> list[int]:
             raise CommandLineError(f"--ctx range must be LO-HI with ints, got {spec!r}") from None
         if not 0 <= lo <= hi:
             raise CommandLineError(f"--ctx range LO-HI needs 0 <= LO <= HI, got {spec!r}")
+        from .metadata_reference import INT32_MAX
+
+        if hi > INT32_MAX:   # before the draw: the message names the bound given, not a draw
+            raise CommandLineError(f"--ctx must be at most {INT32_MAX} KV tokens a request (kv_offset "
+                                   f"is int32), got HI={hi} in {spec!r}")
         rng = random.Random(seed)
         return [rng.randint(lo, hi) for _ in range(batch)]
     if seed is not None:
