@@ -147,9 +147,10 @@ def test_warm_decode_call_does_a_fixed_small_amount_of_host_work(no_gpu_stream, 
 
 def test_split_merge_follows_the_hint_per_stream(no_gpu_stream, monkeypatch):
     """Where the split merge runs (decode.Prepared): fused into the decode launch (its own
-    DecodeArgs, with the stream's zeroed arrival counters and no chained reduce) while the
-    device's hint counts no heavy tile, chained (the checked args, reduce launched by C)
-    otherwise, always chained while the stream is being captured; a second stream gets its own
+    DecodeArgs, with the stream's zeroed arrival counters; the chained reduce stays set for the
+    entry point to take instead when the stream is being captured) while the device's hint
+    counts no heavy tile, chained (the checked args, reduce launched by C) otherwise, always
+    chained while the stream's state is made inside a capture; a second stream gets its own
     counters. Only a change of stream or of the hint leaves the two-line fast path."""
     t = _case()
     log = []
@@ -176,7 +177,7 @@ def test_split_merge_follows_the_hint_per_stream(no_gpu_stream, monkeypatch):
     hint.value = 0                                   # light: fused, counters for this stream
     _call_decode(t, True, False)
     a, addr = launched_args()
-    assert addr != p.addr and a.reduce_launch is None and a.arrivals
+    assert addr != p.addr and a.arrivals and (a.reduce_launch, a.reduce_args) == (0x77, 0x78)
     assert (a.reduce_indptr, a.reduce_partial_map) == (t["reduce_indptr"].data_ptr(), t["reduce_partial_map"].data_ptr())
     assert (a.reduce_indptr_len, a.partial_map_len) == (t["reduce_indptr"].numel(), t["reduce_partial_map"].numel())
     counters = [c for _, c in p._fused_args]

@@ -1096,6 +1096,53 @@ def test_split_merge_in_the_decode_kernel(warm, heads, qlen, dtype, P, lens):
         check(f"split merge fused, launch {k + 1} of 3 ({heads},{qlen}) {dtype}", Case(**{**c.__dict__, "q": qk}), o, lse)
 
 
+def _kernels_run(fn) -> list[str]:
+    """Names of the GPU kernels ``fn()`` runs (torch.profiler, CUDA activity)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_capture_after_eager_fused_use_takes_the_reduce_kernel(warm, dtype):
+    """An engine warms up eagerly on its capture stream, then captures. The fused state made
+    eagerly was captured as it was, so every replay merged its pieces in the decode kernel,
+    slow when a replay's schedule has many pieces a tile (docs/DESIGN.md §5.10). Now the entry
+    point sees the capture: the eager call runs no reduce kernel, the replay runs it, and both
+    match the float64 reference."""
+    from aiter_mla.ops import errors
+
+    # num_clusters / 2 equal requests: each one splits in exactly 2 pieces on any CU count
+    # (uniform batches fill whole slices); a fixed batch split some tiles in 3 on 132 CUs
+    c = make_case(128, 1, 64, DTYPES[dtype], [3000] * (arch.num_clusters(128, 1) // 2), seed=91)
+    bufs = plan(c)
+    torch.cuda.synchronize()
+    ri = bufs[3].cpu()
+    assert int((ri[1:] - ri[:-1]).max()) >= 2 and heavy_tiles(bufs) == 0, "a fused-size split"
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        got = {}
+        names = _kernels_run(lambda: got.update(zip("ol", decode_merged(c, bufs, fused=True))))
+        assert not any("mla_reduce" in n for n in names), names
+        assert any("mla_decode" in n for n in names), names
+        check(f"eager fused on the capture stream {dtype}", c, got["o"], got["l"])
+        errors.sink(torch.cuda.current_device()).split_heavy_tiles.value = 0   # still says fused
+        o = torch.full((c.q.shape[0], c.heads, DV), float("nan"), dtype=torch.bfloat16, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s):
+            _, lse = decode_with(c, bufs, o)
+    o.fill_(float("nan"))
+    names = _kernels_run(graph.replay)
+    assert any("mla_reduce" in n for n in names), names
+    check(f"captured after eager fused use {dtype}", c, o, lse)
+
+
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))

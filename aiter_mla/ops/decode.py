@@ -429,9 +429,11 @@ class Prepared:
     sync: the metadata kernel's count of heavier tiles in the last schedule it made on this
     device (``errors.Sink.split_heavy_tiles``, possibly a schedule behind). Fused needs zeroed
     counters per stream (the kernel's last CTA zeroes them again), so ``state`` = (stream,
-    fused, DecodeArgs address) names the launch for the current stream; a stream whose state is
-    made inside a CUDA-graph capture gets chained (a graph is replayed on other data; a stream
-    used eagerly before its capture keeps its state: docs/DESIGN.md §5.10)."""
+    fused, DecodeArgs address) names the launch for the current stream. A CUDA-graph capture
+    always gets the chained reduce (a graph is replayed on other data): a state made inside a
+    capture is chained, and a fused state's args keep the chained reduce too, which the entry
+    point takes whenever ``cudaStreamIsCapturing`` says the stream is being captured
+    (docs/DESIGN.md §5.10)."""
 
     __slots__ = ("module", "fn", "args", "addr", "index", "sink", "split_shape", "lse_shape",
                  "reduce", "plan_key", "plan", "device", "hint", "state", "_fused_args",
@@ -463,8 +465,9 @@ class Prepared:
             if fused:
                 indptr, pmap, indptr_len, pmap_len, counters = self._merge_maps
                 arrivals = torch.zeros(1 + counters, dtype=torch.int32, device=self.device)
+                # the chained reduce stays set: the entry point takes it instead of the
+                # fused merge when the stream is being captured (docs/DESIGN.md §5.10)
                 a = type(self.args).from_buffer_copy(self.args)
-                a.reduce_launch = a.reduce_args = None
                 a.arrivals, a.reduce_indptr, a.reduce_partial_map = arrivals.data_ptr(), indptr, pmap
                 a.reduce_indptr_len, a.partial_map_len = indptr_len, pmap_len
                 self._fused_args += ((a, arrivals),)
@@ -712,8 +715,8 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     (``work_indptr``, ``work_info_set``, ``reduce_*``) is used. Then the decode kernel runs and
     the split rows are merged (docs/DESIGN.md §5.10): with a caller-made plan whose tiles have at
     most ``work_info.FUSED_MERGE_MAX_PIECES`` pieces, by the decode kernel itself (one launch);
-    otherwise, and in a CUDA-graph capture on a stream not used eagerly before, by the reduce
-    kernel of ``mla_reduce_v1``, launched right after it. The choice follows the metadata kernel's count on the device
+    otherwise, and in any CUDA-graph capture, by the reduce kernel of ``mla_reduce_v1``,
+    launched right after it. The choice follows the metadata kernel's count on the device
     (:class:`Prepared`); either way gives the same result.
 
     Args:
