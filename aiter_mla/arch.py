@@ -129,7 +129,7 @@ def _device_multiprocessors(device_index: int) -> int:
 def num_cu(device=None) -> int:
     """Multiprocessor count of ``device`` (132 on an H200); ``CU_NUM`` overrides it.
 
-    Raises RuntimeError when no GPU is visible and ``CU_NUM`` is unset, ValueError when
+    Raises RuntimeError when no GPU is visible and ``CU_NUM`` is unset or empty, ValueError when
     ``CU_NUM`` is set to anything but a positive integer.
     """
     override = env.get_int("CU_NUM", 0)   # declared a positive int: 0 here means unset
@@ -138,8 +138,9 @@ def num_cu(device=None) -> int:
     import torch
 
     if not torch.cuda.is_available():
+        state = "set but empty" if env.is_blank("CU_NUM") else "unset"
         raise RuntimeError(
-            "no CUDA device is visible and CU_NUM is unset: set CU_NUM to the multiprocessor "
+            f"no CUDA device is visible and CU_NUM is {state}: set CU_NUM to the multiprocessor "
             "(CU) count to plan for (132 on an H200; for an AMD target 304 on an MI300X, 256 on an "
             "MI355X)"
         )

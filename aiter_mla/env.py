@@ -131,6 +131,14 @@ def is_set(name: str) -> bool:
     return bool((os.environ.get(name) or "").strip())
 
 
+def is_blank(name: str) -> bool:
+    """Whether the declared variable is set but empty or blank (read as unset by :func:`get`;
+    a message can say which)."""
+    _lookup(name)
+    value = os.environ.get(name)
+    return value is not None and value.strip() == ""
+
+
 _TRUE = frozenset(("true", "yes", "on"))
 _FALSE = frozenset(("false", "no", "off"))
 

@@ -15,7 +15,7 @@ from aiter_mla import env
 PKG = Path(__file__).resolve().parent.parent / "aiter_mla"
 SOURCES = sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
 _DIRECT = re.compile(r"\bos\.environ\b|\bos\.getenv\b|\bgetenv\s*\(|\benviron\.get\b|\bputenv\b")
-_READERS = {"get", "get_int", "get_flag", "is_set"}
+_READERS = {"get", "get_int", "get_flag", "is_set", "is_blank"}
 
 
 def test_no_environment_access_outside_env_py():
@@ -90,6 +90,25 @@ def test_cu_num_must_be_a_positive_integer(monkeypatch, value):
         arch.num_cu()
     monkeypatch.setenv("CU_NUM", "80")
     assert arch.num_cu() == 80
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_cu_num_set_but_empty_is_said_so(monkeypatch, value):
+    """An empty or blank CU_NUM counts as unset for the count, but the no-GPU error said
+    "CU_NUM is unset" of a variable the user had set (a break test)."""
+    import torch
+
+    from aiter_mla import arch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CU_NUM", value)
+    with pytest.raises(RuntimeError, match="no CUDA device is visible and CU_NUM is set but empty: set CU_NUM"):
+        arch.num_cu()
+    assert env.is_blank("CU_NUM") and not env.is_set("CU_NUM")
+    monkeypatch.delenv("CU_NUM")
+    with pytest.raises(RuntimeError, match="no CUDA device is visible and CU_NUM is unset: set CU_NUM"):
+        arch.num_cu()
+    assert not env.is_blank("CU_NUM")
 
 
 def test_every_variable_has_a_kind():

@@ -40,6 +40,7 @@ from aiter_mla.ops.metadata_reference import (
     reference_schedule,
     slice_width,
     to_buffers,
+    validate_inputs,
 )
 from aiter_mla.work_info import FUSED_MERGE_MAX_PIECES, WI, WORK_INFO_INTS
 
@@ -452,6 +453,45 @@ def test_values_that_are_not_integers_are_refused():
     assert len(s.work_info) >= 2
 
 
+def test_index_inputs_that_are_not_1d_sequences_are_refused():
+    """NumPy arrays of 2 or 0 dimensions passed the 1-D check (it called torch's .dim(), which
+    NumPy lacks) and failed later with a bare "'<' not supported between instances of 'list'
+    and 'int'"; None or an int gave "'NoneType' object is not iterable" (a break test)."""
+    import numpy as np
+
+    kw = dict(num_heads=128, num_clusters=66, page_size=64, kv_granularity=1, max_seqlen_qo=1)
+    with pytest.raises(ValueError, match=re.escape("qo_indptr must be 1-D, got shape (1, 3)")):
+        reference_schedule(np.array([[0, 1, 2]]), np.array([[0, 3, 5]]), np.array([[64, 1]]), **kw)
+    for qo in (np.array(2), torch.tensor(2, dtype=torch.int32)):
+        with pytest.raises(ValueError, match=re.escape("qo_indptr must be 1-D, got shape ()")):
+            reference_schedule(qo, np.array([0, 3, 5]), np.array([64, 1]), **kw)
+    with pytest.raises(ValueError, match=re.escape("kv_last_page_lens must be 1-D, got shape (1, 2)")):
+        validate_inputs([0, 1, 2], [0, 3, 5], np.array([[64, 1]]), page_size=64, max_seqlen_qo=1)
+    for bad in (None, 5, {0, 1, 2}, "012"):
+        with pytest.raises(TypeError, match=f"kv_indptr must be a 1-D integer tensor or array or a "
+                                            f"sequence of ints, got {type(bad).__name__}"):
+            reference_schedule([0, 1, 2], bad, [64, 1], **kw)
+    # tuples and ranges are sequences and still pass
+    assert validate_inputs((0, 1, 2), range(0, 9, 4), [64, 1], page_size=64, max_seqlen_qo=1) == (
+        [0, 1, 2], [0, 4, 8], [64, 1])
+
+
+def test_validate_inputs_checks_its_scalars():
+    """validate_inputs compared page_size / max_seqlen_qo unchecked: None gave "'<=' not
+    supported between 'int' and 'NoneType'", 64.0 was taken, nan was reported as a q length
+    outside [1, nan] (a break test). It runs check_scalars' checks of the two now."""
+    for kw, exc, msg in ((dict(page_size=None), TypeError, "page_size must be an int, got NoneType None"),
+                         (dict(page_size=64.0), TypeError, "page_size must be an int, got float 64.0"),
+                         (dict(page_size=48), ValueError, r"page_size must be a power of two in \[1, 2\*\*30\], got 48"),
+                         (dict(max_seqlen_qo=float("nan")), TypeError, "max_seqlen_qo must be an int, got float nan"),
+                         (dict(max_seqlen_qo=None), TypeError, "max_seqlen_qo must be an int, got NoneType None"),
+                         (dict(max_seqlen_qo=0), ValueError, r"max_seqlen_qo must be >= 1 \(the largest q length")):
+        args = {"page_size": 64, "max_seqlen_qo": 1, **kw}
+        with pytest.raises(exc, match=msg):
+            validate_inputs([0, 1], [0, 1], [1], **args)
+    assert validate_inputs([0, 1], [0, 1], [1], page_size=64, max_seqlen_qo=1) == ([0, 1], [0, 1], [1])
+
+
 @pytest.mark.parametrize("bad, msg", [
     (dict(kv=[0, 5, 3]), "non-decreasing"),
     (dict(qo=[0, 1, 1]), "q length of batch 1"),
@@ -749,6 +789,48 @@ def test_op_argument_checks(monkeypatch):
     call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, dtype_q=bf16, dtype_kv=fp8)
 
 
+def test_op_on_cpu_fills_the_first_two_work_metadata_ptrs(monkeypatch):
+    """The buffer check takes a work_metadata_ptrs of >= 2 entries and the kernel writes [0] and
+    [1]; the CPU fill copied exactly 2 into all of it, an unnamed RuntimeError ("The size of
+    tensor a (3) must match the size of tensor b (2)") for 3 entries (a break test)."""
+    monkeypatch.setenv("CU_NUM", "132")
+    qo, kv, lpl = make_inputs([192, 128], [1, 1], 64)
+    bufs = alloc(md.get_mla_metadata_info_v1(2, 1, 128, None, None))
+    bufs[0] = torch.full((3,), 7, dtype=torch.uint64)
+    call_op(bufs, qo, kv, lpl, heads=128, page_size=64, kv_granularity=1, max_seqlen_qo=1)
+    assert bufs[0].view(torch.int64).tolist() == [bufs[1].data_ptr(), bufs[2].data_ptr(), 7]
+    s = reference_schedule(qo, kv, lpl, num_heads=128, num_clusters=66, page_size=64,
+                           kv_granularity=1, max_seqlen_qo=1)
+    compare_buffers([bufs[0][:2]] + bufs[1:], s, 2)
+    # to_buffers itself names a work_metadata_ptrs too short for the two pointers
+    short = [torch.zeros(1, dtype=torch.uint64)] + alloc(md.get_mla_metadata_info_v1(2, 1, 128, None, None))[1:]
+    with pytest.raises(ValueError, match="work_metadata_ptrs holds 1 entries, the schedule needs 2"):
+        to_buffers(s, short)
+
+
+def test_buffers_too_small_for_the_dtypes_say_so(monkeypatch):
+    """Buffers sized for bf16 (one work list per SM at <= 32 rows) used by a call without
+    dtype_q / dtype_kv (fp8's count, two): the hint named only batch size, heads and q length,
+    which were all right (a break test). It names the dtypes planned for and says to pass the
+    same ones to get_mla_metadata_info_v1."""
+    monkeypatch.setenv("CU_NUM", "132")
+    bf16 = torch.bfloat16
+    qo, kv, lpl = make_inputs([192, 128], [1, 1], 64)
+    kw = dict(heads=16, page_size=64, kv_granularity=1, max_seqlen_qo=1)
+    info = md.get_mla_metadata_info_v1(2, 1, 16, bf16, bf16)
+    with pytest.raises(ValueError, match=re.escape(
+            "work_indptr has 133 rows; this input needs >= 265 (allocate it from get_mla_metadata_info_v1 "
+            "with batch_size >= 2, num_head_qo = 16, max_seqlen_qo = 1; this call has 264 work lists from "
+            "the heads, q length, dtypes and device / CU_NUM, planned for dtype_q = None, dtype_kv = None, "
+            "i.e. fp8 (no dtype given); at <= 32 rows fp8 plans two work lists per multiprocessor and bf16 "
+            "one, so pass get_mla_metadata_info_v1 the same dtypes as its q_dtype / kv_dtype)")):
+        call_op(alloc(info), qo, kv, lpl, **kw)
+    call_op(alloc(info), qo, kv, lpl, dtype_q=bf16, dtype_kv=bf16, **kw)   # the same dtypes: fits
+    # given dtypes are named as given (128 heads: 66 lists; bf16 at 16 heads: 132)
+    with pytest.raises(ValueError, match=re.escape("planned for dtype_q = torch.bfloat16, dtype_kv = None, i.e. bf16;")):
+        call_op(alloc(md.get_mla_metadata_info_v1(2, 1, 128, bf16, None)), qo, kv, lpl, dtype_q=bf16, **kw)
+
+
 def test_default_kv_granularity():
     assert [md.default_kv_granularity(p) for p in PAGE_SIZES] == [64, 32, 16, 8, 4, 2, 1, 1, 1]
     with pytest.raises(ValueError, match="page_size must be a power of two >= 1, got 48"):
@@ -772,6 +854,13 @@ def test_metadata_cli_dump(capsys):
     rc = main(["metadata", "--batch", "2", "--ctx", "100", "--heads", "16", "--qlen", "17",
                "--page-size", "64", "--clusters", "8"])
     assert rc != 0   # q length 17: past the kernels' 16
+    # one idle cluster: singular (it said "1 clusters get no work")
+    assert main(["metadata", "--batch", "1", "--ctx", "64", "--clusters", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "note: 1 cluster gets no work (" in out, out
+    assert main(["metadata", "--batch", "1", "--ctx", "64", "--clusters", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "note: 2 clusters get no work (" in out, out
     rc = main(["metadata", "--batch", "0", "--ctx", "10", "--clusters", "8"])
     out = capsys.readouterr().out   # no batch: the load line says so (it was a blank line)
     assert rc == 0 and "cluster load: none (no batch has a key); idle clusters 8" in out, out

@@ -164,9 +164,9 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     :func:`aiter_mla.arch.num_clusters` (num_CU x occupancy / CTAs per work; ``CU_NUM`` overrides num_CU).
     One qo tile per batch, of ``num_head_qo * max_seqlen_qo`` <= 2048 rows (``arch.MAX_ROWS``;
     the decode runs a tile's 64-row blocks side by side, so C counts them). The decode op's
-    partial buffers need ``entries * max_seqlen_qo`` token rows. ``q_dtype``, ``kv_dtype`` and
-    ``num_kv_splits`` does not change the sizes; the dtypes do at <= 32 rows (heads x q length):
-    bf16 plans one work list per multiprocessor there, fp8 two (``arch.occupancy``; the KV's
+    partial buffers need ``entries * max_seqlen_qo`` token rows. ``num_kv_splits`` does not
+    change the sizes; ``q_dtype`` and ``kv_dtype`` change them only at <= 32 rows (heads x q
+    length): bf16 plans one work list per multiprocessor there, fp8 two (``arch.occupancy``; the KV's
     dtype decides, else q's, and with neither, fp8's count), so plan with the dtypes the decode
     will run (``get_mla_metadata_v1``'s ``dtype_q`` / ``dtype_kv``); a plan for the other count
     is refused by the decode by name (``work_indptr``'s length).
@@ -410,7 +410,7 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     checks them on the host. On CPU tensors the reference scheduler fills the buffers (and does
     validate values).
 
-    Writes: ``work_metadata_ptrs = (&work_indptr, &work_info_set)``; all of ``work_indptr``
+    Writes: ``work_metadata_ptrs[:2] = (&work_indptr, &work_info_set)``; all of ``work_indptr``
     (entries past C repeat the work count) and ``reduce_indptr`` (entries past B repeat the
     entry count); the used rows of ``work_info_set`` (padding field 0);
     ``reduce_final_map[:B]`` (every tile, split or not); the used entries of
@@ -425,7 +425,9 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     NotImplementedError for ``topk >= 0``, ``intra_batch_mode``, ``fast_mode=False``,
     ``num_heads_k != 1``, ``num_heads_per_head_k > 128`` or ``max_seqlen_qo > 16``; ValueError /
     TypeError for bad arguments (named, with expected and actual values), buffers too small
-    for this input, or output buffers that share memory with each other or an input; RuntimeError
+    for this input (their sizes depend on ``dtype_q`` / ``dtype_kv`` at <= 32 rows: allocate
+    them from ``get_mla_metadata_info_v1`` with the same dtypes as its ``q_dtype`` /
+    ``kv_dtype``), or output buffers that share memory with each other or an input; RuntimeError
     when the cluster count cannot be known (CPU tensors, no visible GPU and ``CU_NUM`` unset) or
     the launch fails, and on CUDA the JIT errors of :func:`aiter_mla.jit.get_module` on a
     variant's first use in a process (all RuntimeError subclasses: ToolchainError, BuildError,
@@ -533,10 +535,15 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
 
     def sizing() -> str:
         # The sizes follow the batch count and the work-list count, which the heads, the q
-        # length and the device (or CU_NUM) decide: the hint names what this call used (built
-        # only for an error message).
+        # length, the dtypes (at <= 32 rows) and the device (or CU_NUM) decide: the hint names
+        # what this call used (built only for an error message).
+        planned = _plan_dtype(dtype_q, dtype_kv)
         return (f"batch_size >= {nb}, num_head_qo = {num_heads}, max_seqlen_qo = {max_seqlen_qo}; "
-                f"this call has {nc} work lists from the heads, q length and device / CU_NUM")
+                f"this call has {nc} work lists from the heads, q length, dtypes and device / "
+                f"CU_NUM, planned for dtype_q = {dtype_q}, dtype_kv = {dtype_kv}, i.e. "
+                f"{planned or 'fp8 (no dtype given)'}; at <= 32 rows fp8 plans two work lists "
+                f"per multiprocessor and bf16 one, so pass get_mla_metadata_info_v1 the same "
+                f"dtypes as its q_dtype / kv_dtype")
 
     _check_buffer(work_metadata_ptrs, "work_metadata_ptrs", torch.uint64, 2, None, device,
                   lambda: "any arguments: it always has 2 entries")

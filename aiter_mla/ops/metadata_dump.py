@@ -204,7 +204,8 @@ def render(qo, kv, tokens, s, *, show_works: bool = False) -> str:
     if busy and len(busy) < C:
         why = ("no batch is split: splitting one costs a reduce" if not split
                else "too little KV to spread")
-        notes.append(f"{C - len(busy)} clusters get no work ({why})")
+        idle = C - len(busy)
+        notes.append(f"{idle} {'cluster gets' if idle == 1 else 'clusters get'} no work ({why})")
     if busy and max(loads) > 1.25 * (sum(loads) / len(busy)):
         notes.append("uneven loads: the busiest cluster sets the decode time; a smaller "
                      "kv_granularity gives finer cuts")

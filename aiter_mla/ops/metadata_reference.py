@@ -53,6 +53,7 @@ Conventions (``docs/ARCHITECTURE.md``; units as AITER):
 """
 from __future__ import annotations
 
+import collections.abc
 from dataclasses import dataclass, field
 
 from .. import arch as _arch
@@ -113,9 +114,7 @@ def check_scalars(*, num_heads: int, num_clusters: int, page_size: int, kv_granu
             check_int(n(key), value)
     if num_heads < 1:
         raise ValueError(f"{n('num_heads')} must be >= 1, got {num_heads}")
-    if max_seqlen_qo < 1:
-        raise ValueError(
-            f"{n('max_seqlen_qo')} must be >= 1 (the largest q length of any batch), got {max_seqlen_qo}")
+    _check_max_seqlen_qo(n("max_seqlen_qo"), max_seqlen_qo)
     if num_heads > MAX_HEADS or max_seqlen_qo > MAX_SEQLEN_QO:
         raise NotImplementedError(
             f"{n('num_heads')} * {n('max_seqlen_qo')} = {num_heads} * {max_seqlen_qo} is not supported: at most "
@@ -125,25 +124,44 @@ def check_scalars(*, num_heads: int, num_clusters: int, page_size: int, kv_granu
     # the device op passes these as int32 launch fields: the largest power of two there is 2**30
     if num_clusters > INT32_MAX:
         raise ValueError(f"{n('num_clusters')} must be <= {INT32_MAX} (int32), got {num_clusters}")
-    if not _is_pow2(page_size) or page_size > 2 ** 30:
-        raise ValueError(f"{n('page_size')} must be a power of two in [1, 2**30], got {page_size}")
-    if not _is_pow2(kv_granularity) or kv_granularity > 2 ** 30:
-        raise ValueError(f"{n('kv_granularity')} must be a power of two in [1, 2**30] (pages), got "
-                         f"{kv_granularity}")
+    _check_power_of_two(n("page_size"), page_size)
+    _check_power_of_two(n("kv_granularity"), kv_granularity, " (pages)")
     if max_split_per_batch == 0:
         raise ValueError(f"{n('max_split_per_batch')} must be < 0 (no cap) or >= 1, got 0")
 
 
+def _check_max_seqlen_qo(name: str, value) -> None:
+    """TypeError / ValueError unless ``value`` is an int >= 1 (check_scalars' and
+    validate_inputs' check of ``max_seqlen_qo``)."""
+    check_int(name, value)
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1 (the largest q length of any batch), got {value}")
+
+
+def _check_power_of_two(name: str, value, unit: str = "") -> None:
+    """TypeError / ValueError unless ``value`` is an int power of two in [1, 2**30] (the
+    largest that fits an int32 launch field): ``page_size``, ``kv_granularity``."""
+    check_int(name, value)
+    if not _is_pow2(value) or value > 2 ** 30:
+        raise ValueError(f"{name} must be a power of two in [1, 2**30]{unit}, got {value}")
+
+
 def _as_list(x, name: str) -> list[int]:
     """``x`` (a 1-D integer tensor or array, or a sequence of ints) as a list of ints; a float
-    or bool would otherwise be truncated to a plausible index (TypeError naming ``name``)."""
+    or bool would otherwise be truncated to a plausible index (TypeError naming ``name``).
+    ValueError for a tensor or array that is not 1-D; TypeError for anything else that is not
+    a sequence (None, an int, a set, a string)."""
     if hasattr(x, "tolist"):
-        if getattr(x, "dim", lambda: 1)() != 1:
+        ndim = getattr(x, "ndim", None)   # torch and NumPy alike (NumPy has no .dim())
+        if ndim is not None and ndim != 1:
             raise ValueError(f"{name} must be 1-D, got shape {tuple(x.shape)}")
         dtype = getattr(x, "dtype", None)
         if dtype is not None and not _is_int_dtype(dtype):
             raise TypeError(f"{name} must be an integer tensor or array, got dtype {dtype}")
         return x.detach().cpu().tolist() if hasattr(x, "detach") else x.tolist()
+    if not isinstance(x, collections.abc.Sequence) or isinstance(x, (str, bytes)):
+        raise TypeError(f"{name} must be a 1-D integer tensor or array or a sequence of ints, "
+                        f"got {type(x).__name__}")
     out = list(x)
     for i, v in enumerate(out):
         check_int(f"{name}[{i}]", v)
@@ -169,11 +187,16 @@ def validate_inputs(qo_indptr, kv_indptr, kv_last_page_lens, *, page_size: int,
     outside ``[1, max_seqlen_qo]``; a ``kv_last_page_lens[b]`` outside ``[1, page_size]`` for a
     non-empty batch (1 at page size 1, as the decode kernel checks); a value that does not fit
     int32; a batch with ``>= 2**31`` KV tokens.
-    Raises TypeError naming the argument for a non-integer tensor or array, or a list entry that
-    is not an int (a float or a bool would be read as a truncated index).
+    Raises TypeError naming the argument for a non-integer tensor or array, a list entry that
+    is not an int (a float or a bool would be read as a truncated index), or an index input that
+    is none of these (None, an int, a set, a string); ValueError for a tensor or array that is not 1-D.
+    ``page_size`` and ``max_seqlen_qo`` get :func:`check_scalars`' checks first (an int power of
+    two in [1, 2**30]; an int >= 1).
     ``names``: the caller's names for the two indptrs in the messages (``get_mla_metadata_v1``
     calls them ``seqlens_qo_indptr`` / ``seqlens_kv_indptr``).
     """
+    _check_power_of_two("page_size", page_size)   # as check_scalars, before they are compared
+    _check_max_seqlen_qo("max_seqlen_qo", max_seqlen_qo)
     qn, kn = names
     qo = _as_list(qo_indptr, qn)
     kv = _as_list(kv_indptr, kn)
@@ -382,9 +405,9 @@ def to_buffers(schedule: Schedule, buffers) -> tuple:
     reduce_final_map, reduce_partial_map), AITER's info order. Written: all of
     ``work_indptr`` and ``reduce_indptr`` (entries past the used ones repeat the last value),
     the used rows of ``work_info_set``, ``reduce_final_map[:B]``,
-    ``reduce_partial_map[:entries]``, and ``work_metadata_ptrs = (&work_indptr,
-    &work_info_set)``. Other entries are left untouched. Raises ValueError when a buffer is too
-    small. Returns ``buffers``.
+    ``reduce_partial_map[:entries]``, and ``work_metadata_ptrs[:2] = (&work_indptr,
+    &work_info_set)``. Other entries (also those of a longer ``work_metadata_ptrs``) are left
+    untouched. Raises ValueError when a buffer is too small. Returns ``buffers``.
     """
     import torch
 
@@ -392,6 +415,7 @@ def to_buffers(schedule: Schedule, buffers) -> tuple:
      reduce_partial_map) = buffers
     s = schedule
     need = {
+        "work_metadata_ptrs": (work_metadata_ptrs.numel(), 2),
         "work_indptr": (work_indptr.numel(), s.num_clusters + 1),
         "work_info_set": (work_info_set.shape[0], len(s.work_info)),
         "reduce_indptr": (reduce_indptr.numel(), s.batch_size + 1),
@@ -415,6 +439,6 @@ def to_buffers(schedule: Schedule, buffers) -> tuple:
     put(reduce_final_map, [list(t) for t in s.reduce_final_map], s.batch_size)
     put(reduce_partial_map.view(-1), s.reduce_partial_map, len(s.reduce_partial_map))
     ptrs = torch.tensor([work_indptr.data_ptr(), work_info_set.data_ptr()], dtype=torch.int64)
-    work_metadata_ptrs.view(torch.int64).copy_(ptrs)
+    work_metadata_ptrs.view(-1)[:2].view(torch.int64).copy_(ptrs)   # [0] and [1], as the kernel
     return buffers
 
