@@ -138,7 +138,7 @@ def num_cu(device=None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        state = "set but empty" if env.is_blank("CU_NUM") else "unset"
+        state = "set but empty or blank" if env.is_blank("CU_NUM") else "unset"
         raise RuntimeError(
             f"no CUDA device is visible and CU_NUM is {state}: set CU_NUM to the multiprocessor "
             "(CU) count to plan for (132 on an H200; for an AMD target 304 on an MI300X, 256 on an "

@@ -134,9 +134,7 @@ def is_set(name: str) -> bool:
 def is_blank(name: str) -> bool:
     """Whether the declared variable is set but empty or blank (read as unset by :func:`get`;
     a message can say which)."""
-    _lookup(name)
-    value = os.environ.get(name)
-    return value is not None and value.strip() == ""
+    return not is_set(name) and name in os.environ   # is_set checks the name is declared
 
 
 _TRUE = frozenset(("true", "yes", "on"))

@@ -102,7 +102,7 @@ def test_cu_num_set_but_empty_is_said_so(monkeypatch, value):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("CU_NUM", value)
-    with pytest.raises(RuntimeError, match="no CUDA device is visible and CU_NUM is set but empty: set CU_NUM"):
+    with pytest.raises(RuntimeError, match="no CUDA device is visible and CU_NUM is set but empty or blank: set CU_NUM"):
         arch.num_cu()
     assert env.is_blank("CU_NUM") and not env.is_set("CU_NUM")
     monkeypatch.delenv("CU_NUM")

@@ -804,7 +804,7 @@ def test_op_on_cpu_fills_the_first_two_work_metadata_ptrs(monkeypatch):
     compare_buffers([bufs[0][:2]] + bufs[1:], s, 2)
     # to_buffers itself names a work_metadata_ptrs too short for the two pointers
     short = [torch.zeros(1, dtype=torch.uint64)] + alloc(md.get_mla_metadata_info_v1(2, 1, 128, None, None))[1:]
-    with pytest.raises(ValueError, match="work_metadata_ptrs holds 1 entries, the schedule needs 2"):
+    with pytest.raises(ValueError, match="work_metadata_ptrs holds 1 entry, the schedule needs 2"):
         to_buffers(s, short)
 
 
@@ -821,13 +821,14 @@ def test_buffers_too_small_for_the_dtypes_say_so(monkeypatch):
     with pytest.raises(ValueError, match=re.escape(
             "work_indptr has 133 rows; this input needs >= 265 (allocate it from get_mla_metadata_info_v1 "
             "with batch_size >= 2, num_head_qo = 16, max_seqlen_qo = 1; this call has 264 work lists from "
-            "the heads, q length, dtypes and device / CU_NUM, planned for dtype_q = None, dtype_kv = None, "
-            "i.e. fp8 (no dtype given); at <= 32 rows fp8 plans two work lists per multiprocessor and bf16 "
-            "one, so pass get_mla_metadata_info_v1 the same dtypes as its q_dtype / kv_dtype)")):
+            "the heads, q length and device / CU_NUM and, at <= 32 rows, the dtypes: it planned for "
+            "dtype_q = None, dtype_kv = None (fp8, no dtype given; fp8 plans two work lists per "
+            "multiprocessor, bf16 one), so give get_mla_metadata_info_v1 q_dtype / kv_dtype equal to this "
+            "call's dtype_q / dtype_kv)")):
         call_op(alloc(info), qo, kv, lpl, **kw)
     call_op(alloc(info), qo, kv, lpl, dtype_q=bf16, dtype_kv=bf16, **kw)   # the same dtypes: fits
     # given dtypes are named as given (128 heads: 66 lists; bf16 at 16 heads: 132)
-    with pytest.raises(ValueError, match=re.escape("planned for dtype_q = torch.bfloat16, dtype_kv = None, i.e. bf16;")):
+    with pytest.raises(ValueError, match=re.escape("planned for dtype_q = torch.bfloat16, dtype_kv = None (bf16;")):
         call_op(alloc(md.get_mla_metadata_info_v1(2, 1, 128, bf16, None)), qo, kv, lpl, dtype_q=bf16, **kw)
 
 

@@ -1118,8 +1118,10 @@ def test_capture_after_eager_fused_use_takes_the_reduce_kernel(warm, dtype):
     match the float64 reference."""
     from aiter_mla.ops import errors
 
-    # num_clusters / 2 equal requests: each one splits in exactly 2 pieces on any CU count
-    # (uniform batches fill whole slices); a fixed batch split some tiles in 3 on 132 CUs
+    # num_clusters / 2 equal requests: each splits in exactly 2 pieces (uniform batches fill
+    # whole slices) at every even cluster count and every count from 25 up (the reference
+    # scheduler at 2-399; odd counts 3-23 give 3, and the assert below says so); a fixed
+    # batch split some tiles in 3 on 132 CUs
     c = make_case(128, 1, 64, DTYPES[dtype], [3000] * (arch.num_clusters(128, 1) // 2), seed=91)
     bufs = plan(c)
     torch.cuda.synchronize()

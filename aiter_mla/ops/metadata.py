@@ -425,9 +425,9 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     NotImplementedError for ``topk >= 0``, ``intra_batch_mode``, ``fast_mode=False``,
     ``num_heads_k != 1``, ``num_heads_per_head_k > 128`` or ``max_seqlen_qo > 16``; ValueError /
     TypeError for bad arguments (named, with expected and actual values), buffers too small
-    for this input (their sizes depend on ``dtype_q`` / ``dtype_kv`` at <= 32 rows: allocate
-    them from ``get_mla_metadata_info_v1`` with the same dtypes as its ``q_dtype`` /
-    ``kv_dtype``), or output buffers that share memory with each other or an input; RuntimeError
+    for this input (at <= 32 rows their sizes depend on ``dtype_q`` / ``dtype_kv``: allocate
+    them from ``get_mla_metadata_info_v1`` with ``q_dtype`` / ``kv_dtype`` equal to this call's
+    ``dtype_q`` / ``dtype_kv``), or output buffers that share memory with each other or an input; RuntimeError
     when the cluster count cannot be known (CPU tensors, no visible GPU and ``CU_NUM`` unset) or
     the launch fails, and on CUDA the JIT errors of :func:`aiter_mla.jit.get_module` on a
     variant's first use in a process (all RuntimeError subclasses: ToolchainError, BuildError,
@@ -533,25 +533,29 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
         kv_dtype=_plan_dtype(dtype_q, dtype_kv))
     nsplit = num_splits_for(nc, max_split_per_batch, nb)
 
-    def sizing() -> str:
-        # The sizes follow the batch count and the work-list count, which the heads, the q
-        # length, the dtypes (at <= 32 rows) and the device (or CU_NUM) decide: the hint names
-        # what this call used (built only for an error message).
-        planned = _plan_dtype(dtype_q, dtype_kv)
-        return (f"batch_size >= {nb}, num_head_qo = {num_heads}, max_seqlen_qo = {max_seqlen_qo}; "
-                f"this call has {nc} work lists from the heads, q length, dtypes and device / "
-                f"CU_NUM, planned for dtype_q = {dtype_q}, dtype_kv = {dtype_kv}, i.e. "
-                f"{planned or 'fp8 (no dtype given)'}; at <= 32 rows fp8 plans two work lists "
-                f"per multiprocessor and bf16 one, so pass get_mla_metadata_info_v1 the same "
-                f"dtypes as its q_dtype / kv_dtype")
+    def sizing(lists: bool = True) -> str:
+        # The sizes follow the batch count and (``lists``) the work-list count, which the heads,
+        # the q length, the device (or CU_NUM) and, at <= 32 rows, the dtypes decide: the hint
+        # names what this call used (built only for an error message).
+        text = f"batch_size >= {nb}, num_head_qo = {num_heads}, max_seqlen_qo = {max_seqlen_qo}"
+        if not lists:
+            return text
+        text += f"; this call has {nc} work lists from the heads, q length and device / CU_NUM"
+        if num_heads * max_seqlen_qo <= 32:
+            planned = _plan_dtype(dtype_q, dtype_kv) or "fp8, no dtype given"
+            text += (f" and, at <= 32 rows, the dtypes: it planned for dtype_q = {dtype_q}, "
+                     f"dtype_kv = {dtype_kv} ({planned}; fp8 plans two work lists per "
+                     f"multiprocessor, bf16 one), so give get_mla_metadata_info_v1 q_dtype / "
+                     f"kv_dtype equal to this call's dtype_q / dtype_kv")
+        return text
 
     _check_buffer(work_metadata_ptrs, "work_metadata_ptrs", torch.uint64, 2, None, device,
                   lambda: "any arguments: it always has 2 entries")
     _check_buffer(work_indptr, "work_indptr", torch.int32, nc + 1, None, device, sizing)
     _check_buffer(work_info_set, "work_info_set", torch.int32, max_works(nb, nsplit),
                   WORK_INFO_INTS, device, sizing)
-    _check_buffer(reduce_indptr, "reduce_indptr", torch.int32, nb + 1, None, device, sizing)
-    _check_buffer(reduce_final_map, "reduce_final_map", torch.int32, nb, 2, device, sizing)
+    _check_buffer(reduce_indptr, "reduce_indptr", torch.int32, nb + 1, None, device, lambda: sizing(False))
+    _check_buffer(reduce_final_map, "reduce_final_map", torch.int32, nb, 2, device, lambda: sizing(False))
     _check_buffer(reduce_partial_map, "reduce_partial_map", torch.int32,
                   max_partial_entries(nb, nsplit), None, device, sizing)
     if not own_buffers:

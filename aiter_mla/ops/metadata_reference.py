@@ -150,7 +150,8 @@ def _as_list(x, name: str) -> list[int]:
     """``x`` (a 1-D integer tensor or array, or a sequence of ints) as a list of ints; a float
     or bool would otherwise be truncated to a plausible index (TypeError naming ``name``).
     ValueError for a tensor or array that is not 1-D; TypeError for anything else that is not
-    a sequence (None, an int, a set, a string)."""
+    a sequence of ints (None, an int, a set, a generator or other one-pass iterable, a string,
+    bytes or a bytearray)."""
     if hasattr(x, "tolist"):
         ndim = getattr(x, "ndim", None)   # torch and NumPy alike (NumPy has no .dim())
         if ndim is not None and ndim != 1:
@@ -159,7 +160,7 @@ def _as_list(x, name: str) -> list[int]:
         if dtype is not None and not _is_int_dtype(dtype):
             raise TypeError(f"{name} must be an integer tensor or array, got dtype {dtype}")
         return x.detach().cpu().tolist() if hasattr(x, "detach") else x.tolist()
-    if not isinstance(x, collections.abc.Sequence) or isinstance(x, (str, bytes)):
+    if not isinstance(x, collections.abc.Sequence) or isinstance(x, (str, bytes, bytearray)):
         raise TypeError(f"{name} must be a 1-D integer tensor or array or a sequence of ints, "
                         f"got {type(x).__name__}")
     out = list(x)
@@ -189,9 +190,11 @@ def validate_inputs(qo_indptr, kv_indptr, kv_last_page_lens, *, page_size: int,
     int32; a batch with ``>= 2**31`` KV tokens.
     Raises TypeError naming the argument for a non-integer tensor or array, a list entry that
     is not an int (a float or a bool would be read as a truncated index), or an index input that
-    is none of these (None, an int, a set, a string); ValueError for a tensor or array that is not 1-D.
-    ``page_size`` and ``max_seqlen_qo`` get :func:`check_scalars`' checks first (an int power of
-    two in [1, 2**30]; an int >= 1).
+    is none of these (None, an int, a set, a generator, a string); ValueError for a tensor or
+    array that is not 1-D. ``page_size`` and ``max_seqlen_qo`` are checked first, as
+    :func:`check_scalars` checks their type and range (an int power of two in [1, 2**30]; an
+    int >= 1; the limit of 16 on ``max_seqlen_qo`` is check_scalars' alone, since it names the
+    head count).
     ``names``: the caller's names for the two indptrs in the messages (``get_mla_metadata_v1``
     calls them ``seqlens_qo_indptr`` / ``seqlens_kv_indptr``).
     """
@@ -424,7 +427,7 @@ def to_buffers(schedule: Schedule, buffers) -> tuple:
     }
     for name, (have, want) in need.items():
         if have < want:
-            raise ValueError(f"{name} holds {have} entries, the schedule needs {want}")
+            raise ValueError(f"{name} holds {have} {'entry' if have == 1 else 'entries'}, the schedule needs {want}")
 
     def put(dst, values, n):
         if n:
