@@ -196,6 +196,27 @@ def test_deps_fetch_cli(upstream, fake_jit, capsys):
     assert main(["deps", "fetch", "NoSuchLib"]) == 2   # a name that is not pinned: a usage error
 
 
+def test_deps_fetch_rehashes_the_cached_checkout(upstream, fake_jit, capsys):
+    """A file of the cached checkout edited after its fetch: lookups trust the marker's tree
+    hash, and 'deps fetch' said "verified" for the edited copy (a break test). It hashes the
+    files again now: the edited copy is fetched again, with the pinned content."""
+    from aiter_mla.cli import main
+
+    repo, c1, _ = upstream
+    fake_jit.write_config(_hk_config(repo, c1))
+    assert main(["deps", "fetch"]) == 0
+    first = capsys.readouterr().out
+    assert "verified" in first and "changed since its fetch" not in first
+    header = next(p for p in (core._get_state().cache.root / "third_party").rglob("kittens.cuh"))
+    header.write_text("#pragma once\n#define KITTENS 7\n")
+    assert main(["deps", "fetch"]) == 0
+    out = capsys.readouterr().out
+    assert "changed since its fetch; it was removed and fetched again" in out and "verified" in out
+    assert header.read_text().endswith("KITTENS 1\n")
+    assert main(["deps", "fetch"]) == 0   # now intact: verified, not fetched again
+    assert "changed since its fetch" not in capsys.readouterr().out
+
+
 def test_aiter_mla_git_that_is_no_executable_is_named(monkeypatch, tmp_path):
     """AITER_MLA_GIT naming a missing or non-executable file is refused naming the variable
     (it raised a bare [Errno 2] / [Errno 13])."""

@@ -630,7 +630,11 @@ def cmd_deps_fetch(args) -> int:
         if n not in cfg.third_party:
             raise CommandLineError(f"{n!r} is not pinned in {cfg.path} (pinned: "
                                    f"{', '.join(sorted(cfg.third_party))})")
-        co = third_party.resolve(cfg.third_party[n], st.cache, allow_fetch=True)
+        co, refetched = third_party.fetch_verified(cfg.third_party[n], st.cache)
+        if refetched:
+            print(f"{n}: the cached checkout's files had changed since its fetch; it was removed "
+                  f"and fetched again (to edit {n}, point {third_party.ENV_DIRS.get(n, 'its variable')} "
+                  f"at a checkout of your own)")
         print(f"{n} {co.commit} verified at {co.path} (from {co.origin}, "
               f"tree {co.tree_sha256[:12]})")
     return 0

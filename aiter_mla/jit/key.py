@@ -62,16 +62,18 @@ def codegen_digest() -> str:
     return _codegen[0]
 
 
-def tree_digest(root: Path, skip: tuple[str, ...] = (".git",)) -> str:
+def tree_digest(root: Path, skip: tuple[str, ...] = (".git",), skip_files: tuple[str, ...] = ()) -> str:
     """sha256 over every file under ``root`` (relative path and content), ``skip`` folders
-    left out. Symlinks are followed as the compiler would follow them. (Plain strings and
-    os.walk: this runs on every first lookup of a process.)"""
+    and files named in ``skip_files`` left out. Symlinks are followed as the compiler would
+    follow them. (Plain strings and os.walk: this runs on every first lookup of a process.)"""
     h = hashlib.sha256()
     base = os.fspath(root)
     cut = len(base) + 1
     for dirpath, dirnames, filenames in os.walk(base):
         dirnames[:] = sorted(d for d in dirnames if d not in skip and d != "__pycache__")
         for fn in sorted(filenames):
+            if fn in skip_files:
+                continue
             full = os.path.join(dirpath, fn)
             try:
                 with open(full, "rb") as f:

@@ -156,6 +156,23 @@ def resolve(pin: ThirdPartyPin, cache: Cache, allow_fetch: bool) -> Checkout:
     return fetch(pin, cache)
 
 
+def fetch_verified(pin: ThirdPartyPin, cache: Cache) -> tuple[Checkout, bool]:
+    """``aiter-mla deps fetch``: :func:`resolve` (fetching when missing), and for the cache's
+    copy its files hashed again against the marker's tree hash, which :func:`resolve` trusts
+    (hashing a checkout on every process's first lookup would cost more than the lookup). A
+    copy whose files changed after its fetch is removed (its edits are lost) and fetched
+    again. Returns the
+    checkout and whether it was fetched again. Raises :class:`ThirdPartyError`."""
+    co = resolve(pin, cache, allow_fetch=True)
+    if co.origin != "cache" or tree_digest(co.path, skip_files=(MARKER,)) == co.tree_sha256:
+        return co, False
+    with cache.lock(_lock_key(pin), f"fetch of {pin.name} at {pin.commit}"):
+        marker = _read_marker(co.path, pin)
+        if marker is not None and tree_digest(co.path, skip_files=(MARKER,)) != marker["tree_sha256"]:
+            cache.move_aside(co.path)   # edited since its fetch: removed (through trash/)
+    return fetch(pin, cache), True
+
+
 def _git() -> str:
     from .toolchain import ToolchainError, explicit_tool
 
