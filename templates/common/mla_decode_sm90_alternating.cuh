@@ -36,9 +36,6 @@
 #pragma once
 #include "mla_decode_sm90_wgmma.cuh"
 
-#ifndef AITER_MLA_ALT_NO_KV_COPY
-#define AITER_MLA_ALT_NO_KV_COPY 0   // diagnostic: the producer copies no KV
-#endif
 
 namespace mla {
 namespace alt {

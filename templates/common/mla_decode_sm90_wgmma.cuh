@@ -19,6 +19,10 @@
 #include "mla_decode_sm90.cuh"
 #include "mla_decode_stamps.cuh"
 
+#ifndef AITER_MLA_ALT_NO_KV_COPY
+#define AITER_MLA_ALT_NO_KV_COPY 0   // diagnostic: the producers copy no KV (TMA stages)
+#endif
+
 namespace mla {
 namespace wg {
 
@@ -391,6 +395,10 @@ __device__ __forceinline__ void produce_kv_tile_tma(uint32_t stage_addr, uint32_
   wg::mbar_wait(bar_empty, empty_parity);
   if (wait_q) q_issued_wait();   // after the page-index loads, whose latency it hides
   AITER_MLA_STAMP(kProduceWait);
+#if AITER_MLA_ALT_NO_KV_COPY
+  if (lane == 0) mbar_arrive(bar_full);   // diagnostic (never shipped): no KV copy, stale data
+  return;
+#endif
   if (lane == 0) mbar_arrive_expect_tx(bar_full, boxes * C::kTmaBoxBytes);
   __syncwarp();
 #pragma unroll
