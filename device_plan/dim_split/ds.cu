@@ -247,31 +247,107 @@ __global__ void __launch_bounds__(384, 1) __cluster_dims__(2, 1, 1)
       wg::fence_operands(p);
       if (kStamp) wp += clock64() - tp0;
     };
+    auto pre = [&](float (&s)[8][4], int b, uint32_t (&p)[4][4], float (&f)[2]) {   // exchange + softmax of b; O untouched
+      wg::fence_operands(s);
+      const uint32_t st = base + kOffStage + ((seq + b) % kStages) * kStageBytes;
+      long long tx0 = kStamp ? clock64() : 0;
+      if (xs > 0) wait_cluster(xempty(w), (xs - 1) & 1);   // the peer read my previous partial
+#pragma unroll
+      for (int j = 0; j < 8; ++j) st_async4(x_peer + 2048 * j, s[j], xfull_peer);
+      if (tw == 0) wg::mbar_arrive_expect_tx(xfull(w), 16384);
+      wait_cluster(xfull(w), xs & 1);
+      if (kStamp) wx += clock64() - tx0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float4 v = reinterpret_cast<const float4*>(xmine)[128 * j];
+        s[j][0] += v.x;
+        s[j][1] += v.y;
+        s[j][2] += v.z;
+        s[j][3] += v.w;
+      }
+      __syncwarp();
+      if (lane == 0) arrive_remote(xempty_peer);
+      ++xs;
+      const long long ts0 = kStamp ? clock64() : 0;
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
+      }
+      float mn[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        mn[h] = fmaxf(m[h], mx[h] * a.scale_log2);
+        f[h] = fast_exp2(m[h] - mn[h]);
+        m[h] = mn[h];
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float p0 = fast_exp2(fmaf(s[j][0], a.scale_log2, -mn[0])), p1 = fast_exp2(fmaf(s[j][1], a.scale_log2, -mn[0]));
+        const float p2 = fast_exp2(fmaf(s[j][2], a.scale_log2, -mn[1])), p3 = fast_exp2(fmaf(s[j][3], a.scale_log2, -mn[1]));
+        sum[0] += p0 + p1;
+        sum[1] += p2 + p3;
+        p[j >> 1][(j & 1) * 2] = pack2_bf16(p0, p1);
+        p[j >> 1][(j & 1) * 2 + 1] = pack2_bf16(p2, p3);
+      }
+      l[0] = l[0] * f[0] + sum[0];
+      l[1] = l[1] * f[1] + sum[1];
+      (void)st;
+    };
+    // After wait<0> (nothing in flight): release stage b - 1 (PV(b - 1) read it), rescale O, PV(b)
+    auto post = [&](int b, uint32_t (&p)[4][4], const float (&f)[2]) {
+      wg::fence_operands(o);
+      __syncwarp();
+      if (lane == 0) {
+        if (b > 0) wg::mbar_arrive(empty((seq + b - 1) % kStages));
+        if (b == ntiles - 1) wg::mbar_arrive(q_empty);
+      }
+      const uint32_t st = base + kOffStage + ((seq + b) % kStages) * kStageBytes;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        o[j][0] *= f[0];
+        o[j][1] *= f[0];
+        o[j][2] *= f[1];
+        o[j][3] *= f[1];
+      }
+      wg::fence_operands(p);
+      wg::fence_operands(o);
+      wg::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wg::wgmma_pv_bf16(o, p[kk], wg::make_desc(st + kk * 16 * 128, kBN * 128, 1024) | (1ull << 62));
+      wg::wgmma_commit();
+      wg::fence_operands(o);
+      wg::fence_operands(p);
+    };
     float sa[8][4], sb[8][4];
     if constexpr (kPipe) {
-      // QK(b + 1) is issued before QK(b) is waited: its MMAs run under b's exchange and softmax
+      // QK(b + 1) in flight under the exchange and softmax of b; O is rescaled and PV(b) issued
+      // only after wait<0> (ptxas serialises the wgmmas when O is touched after a wait<1>)
       issue_qk(sa, 0);   // ntiles even (the cases' contexts are multiples of 128)
-      for (int b = 0; b < ntiles - 2; b += 2) {
-        long long tq = kStamp ? clock64() : 0;
-        issue_qk(sb, b + 1);
-        wg::wgmma_wait<1>();
-        if (kStamp) wq += clock64() - tq;
-        finish(sa, b);
-        tq = kStamp ? clock64() : 0;
-        issue_qk(sa, b + 2);
-        wg::wgmma_wait<1>();
-        if (kStamp) wq += clock64() - tq;
-        finish(sb, b + 1);
-      }
-      long long tq = kStamp ? clock64() : 0;
-      issue_qk(sb, ntiles - 1);
-      wg::wgmma_wait<1>();
-      if (kStamp) wq += clock64() - tq;
-      finish(sa, ntiles - 2);
-      tq = kStamp ? clock64() : 0;
       wg::wgmma_wait<0>();
-      if (kStamp) wq += clock64() - tq;
-      finish(sb, ntiles - 1);
+      uint32_t p[4][4];
+      float f[2];
+      for (int b = 0; b < ntiles - 2; b += 2) {
+        issue_qk(sb, b + 1);
+        pre(sa, b, p, f);
+        wg::wgmma_wait<0>();
+        post(b, p, f);
+        issue_qk(sa, b + 2);
+        pre(sb, b + 1, p, f);
+        wg::wgmma_wait<0>();
+        post(b + 1, p, f);
+      }
+      issue_qk(sb, ntiles - 1);
+      pre(sa, ntiles - 2, p, f);
+      wg::wgmma_wait<0>();
+      post(ntiles - 2, p, f);
+      pre(sb, ntiles - 1, p, f);
+      wg::wgmma_wait<0>();
+      post(ntiles - 1, p, f);
     } else {
       for (int b = 0; b < ntiles; ++b) {
         issue_qk(sa, b);
@@ -490,7 +566,8 @@ int main() {
   for (auto& c : cases) {
     run_case<false, true>(c[0], c[1], c[2], sms, scale);
     run_case<false, false>(c[0], c[1], c[2], sms, scale);
-    // run_case<true, ...>: the pipelined loop, which ptxas serialises (C7514), not run
+    run_case<true, true>(c[0], c[1], c[2], sms, scale);
+    run_case<true, false>(c[0], c[1], c[2], sms, scale);
   }
   return 0;
 }
