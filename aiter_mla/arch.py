@@ -129,7 +129,7 @@ def _device_multiprocessors(device_index: int) -> int:
 def num_cu(device=None) -> int:
     """Multiprocessor count of ``device`` (132 on an H200); ``CU_NUM`` overrides it.
 
-    Raises RuntimeError when no GPU is visible and ``CU_NUM`` is unset or empty, ValueError when
+    Raises RuntimeError when no GPU is visible and ``CU_NUM`` is unset, empty or blank, ValueError when
     ``CU_NUM`` is set to anything but a positive integer.
     """
     override = env.get_int("CU_NUM", 0)   # declared a positive int: 0 here means unset

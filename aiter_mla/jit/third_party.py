@@ -161,8 +161,8 @@ def fetch_verified(pin: ThirdPartyPin, cache: Cache) -> tuple[Checkout, bool]:
     copy its files hashed again against the marker's tree hash, which :func:`resolve` trusts
     (hashing a checkout on every process's first lookup would cost more than the lookup). A
     copy whose files changed after its fetch is removed (its edits are lost) and fetched
-    again. Returns the
-    checkout and whether it was fetched again. Raises :class:`ThirdPartyError`."""
+    again. Returns the checkout and whether it was fetched again. Raises
+    :class:`ThirdPartyError`."""
     co = resolve(pin, cache, allow_fetch=True)
     if co.origin != "cache" or tree_digest(co.path, skip_files=(MARKER,)) == co.tree_sha256:
         return co, False
