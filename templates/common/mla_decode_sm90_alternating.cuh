@@ -107,12 +107,11 @@ __device__ __forceinline__ void produce_tile_parts(uint32_t stage_addr, uint32_t
 #if AITER_MLA_ALT_NO_KV_COPY
     // Diagnostic (never shipped): no KV copy; the part is signalled full at once (stale data)
     if (lane == 0) wg::mbar_arrive(bar_full + part * 8);
-    if (false) {
-#else
+    continue;
+#endif
     if (lane == 0) wg::mbar_arrive_expect_tx(bar_full + part * 8, (pages << log2_blocks) * C::kTmaBoxBytes);
     __syncwarp();
     if (map_v != nullptr && part != C::kPartRope) {
-#endif
       // map_v (pages hold whole tiles: one box-row block): the 4 column blocks in one copy
       if (lane == 0) wg::tma_load_box3(stage_addr + blk0 * (C::BN * C::kSwBytes), map_v, 0, page_row, blk0, bar_full + part * 8);
     } else {
