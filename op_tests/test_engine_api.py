@@ -222,3 +222,84 @@ def test_planner_decode_loop_matches_the_reference_layer_by_layer(dtype, page):
                             fp8_p=fp8)
     assert relative_l2(out.double(), ref) <= tol
     assert math.isfinite(relative_l2(out.double(), ref))
+
+
+# ------------------------------------------------------------------------------------------
+# GPU: several host threads at once
+
+_THREADS_SCRIPT = r"""
+import sys, threading
+import torch
+import aiter_mla
+from aiter_mla.reference import mla_decode_ref, relative_l2
+
+H, PAGE, N = 128, 64, 4
+ctx = [37, 130, 250]
+results, errors = [None] * N, []
+start = threading.Barrier(N)
+
+def one(i):
+    try:
+        fp8 = i % 2 == 1
+        dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+        g = torch.Generator(device="cpu").manual_seed(100 + i)
+        pages = [-(-c // PAGE) for c in ctx]
+        num_pages = sum(pages) + 2
+        kv_indices = torch.randperm(num_pages, generator=g)[:sum(pages)].to(torch.int32)
+        kv_indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32)
+        last = torch.tensor([c - (n - 1) * PAGE for c, n in zip(ctx, pages)], dtype=torch.int32)
+        qo = torch.arange(len(ctx) + 1, dtype=torch.int32)
+        layout = [t.cuda() for t in (qo, kv_indptr, kv_indices, last)]
+        cache = torch.randn(num_pages, PAGE, 1, 576, generator=g)
+        used = torch.zeros(num_pages * PAGE, dtype=torch.bool)   # unused slots hold NaN
+        for b, c in enumerate(ctx):
+            for p in range(c):
+                used[int(kv_indices[kv_indptr[b] + p // PAGE]) * PAGE + p % PAGE] = True
+        cache.view(-1, 576)[~used] = float("nan")
+        cache = cache.to(dtype).cuda()
+        q = torch.randn(len(ctx), H, 576, generator=g).to(dtype).cuda()
+        scale = torch.tensor([1.0], device="cuda") if fp8 else None
+        stream = torch.cuda.Stream()
+        planner = aiter_mla.MlaDecodePlanner(4, H, sm_scale=0.1, max_num_pages=num_pages, page_size=PAGE,
+                                             dtype=dtype)
+        torch.cuda.synchronize()
+        start.wait(timeout=120)   # every thread's first plan and launch at once
+        with torch.cuda.stream(stream):
+            planner.plan(*layout)
+            out, lse = planner.run(q, cache, return_lse=True, q_scale=scale, kv_scale=scale)
+        stream.synchronize()
+        ref, ref_lse = mla_decode_ref(q, cache, *layout, sm_scale=0.1, q_scale=scale, kv_scale=scale,
+                                      fp8_p=fp8)
+        results[i] = (relative_l2(out.double(), ref), (lse.double() - ref_lse).abs().max().item(), fp8)
+    except BaseException as exc:   # reported by the main thread
+        errors.append(f"thread {i}: {type(exc).__name__}: {exc}")
+        start.abort()
+
+threads = [threading.Thread(target=one, args=(i,)) for i in range(N)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+aiter_mla.check_errors()
+for e in errors:
+    print(e)
+for i, r in enumerate(results):
+    if r is not None:
+        err, lse_err, fp8 = r
+        ok = err <= (3e-2 if fp8 else 5e-3) and lse_err < (2e-2 if fp8 else 2e-3)
+        print(f"thread {i} {'fp8' if fp8 else 'bf16'} rel_l2 {err:.3e} lse {lse_err:.3e} {'ok' if ok else 'BAD'}")
+sys.exit(1 if errors or any(r is None for r in results) else 0)
+"""
+
+
+@gpu
+def test_first_launches_from_several_host_threads_at_once():
+    """A fresh process whose first decode launches come from 4 host threads at once, each with
+    its own planner, stream and inputs (bf16 and fp8, page 64: the tensor-map encoder's lookup
+    and the shared-memory opt-in run concurrently there), each output against float64."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT], capture_output=True, text=True, timeout=600)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert len([ln for ln in lines if ln.endswith(" ok")]) == 4, r.stdout
