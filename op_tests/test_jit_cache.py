@@ -727,6 +727,45 @@ def test_info_reports_a_broken_cache_root_and_writes_nothing(jit_clean, monkeypa
             in capsys.readouterr().out)
 
 
+def test_a_cache_root_link_that_does_not_resolve_is_a_problem(jit_clean, monkeypatch, tmp_path, capsys):
+    """A dangling AITER_MLA_CACHE_DIR link was shown as "does not exist yet" (info exit 0) while
+    every build failed; a looping one made loads call the entry "damaged" (fresh-user report).
+    Both are the root's problem, said as such."""
+    from aiter_mla.cli import main
+    from aiter_mla.paths import unmakeable_folder_reason
+
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "missing")
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for root in (dangling, loop):
+        assert "is a symlink that does not resolve" in unmakeable_folder_reason(root)
+        monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(root))
+        core.reset_state()
+        assert main(["info"]) == 1, root
+        out = capsys.readouterr().out
+        assert f"problem: cache root {root} (AITER_MLA_CACHE_DIR): " in out, out
+    assert not (tmp_path / "missing").exists()
+    # the looping root's entry is absent, not damaged: the writer then names the root
+    assert Cache(loop, True).read_entry("ab" * 32, "sm_90a") is None
+    assert "does not resolve" in unmakeable_folder_reason(dangling / "sub")
+
+
+def test_info_names_a_missing_dependency(jit_clean, monkeypatch, capsys):
+    """A --no-deps install without jinja2 or filelock: info said "not importable" in its versions
+    line but exited 0 (fresh-user report); nothing can be rendered or built, so it is a problem."""
+    from aiter_mla.cli import main
+    from aiter_mla.jit import commands
+
+    real = commands._versions()
+    monkeypatch.setattr(commands, "_versions",
+                        lambda: {**real, "jinja2": "not importable (No module named 'jinja2')"})
+    assert main(["info"]) == 1
+    out = capsys.readouterr().out
+    assert ("problem: jinja2 is not importable (No module named 'jinja2'): no variant can be rendered "
+            "or built (pip install jinja2)") in out
+
+
 def test_staging_is_on_the_cache_filesystem(fake_jit):
     core.build_variant("fake", **P)
     assert (fake_jit.root / "staging").stat().st_dev == (fake_jit.root / "entries").stat().st_dev

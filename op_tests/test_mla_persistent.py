@@ -1310,7 +1310,8 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
                           (dict(final_lse=torch.empty(2, 16)), ValueError, "final_lse is given but return_lse is False")):
         with pytest.raises(exc, match=text):
             aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last, 1, page_size=16, **kw)
-    with pytest.raises(ValueError, match="kv_indptr must have batch \\+ 1 = 3 entries like qo_indptr, got 2"):
+    with pytest.raises(ValueError, match=r"qo_indptr and kv_indptr must both have batch \+ 1 entries: qo_indptr has 3 \(batch 2\), "
+                                         r"kv_indptr has 2 \(batch 1\)"):
         aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi[:2], idx, last, 1, page_size=16)
     with pytest.raises(ValueError, match="kv_last_page_lens must have batch = 2 entries, got 1"):
         aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last[:1], 1, page_size=16)

@@ -295,6 +295,8 @@ class Cache:
                 return Corrupt(key, d, "not a folder")
             return None
         except (OSError, ValueError) as exc:
+            if isinstance(exc, OSError) and not self.root.is_dir():
+                return None   # the root's problem (e.g. a looping link), reported as such by the writer
             return Corrupt(key, d, f"meta.json unreadable: {exc}")
         if not isinstance(meta, dict):
             return Corrupt(key, d, f"meta.json holds a {type(meta).__name__}, not an object")

@@ -754,8 +754,13 @@ def cmd_info(args) -> int:
         # loads under AITER_MLA_DISABLE_JIT is not one), or one nothing can read
         problems.append(f"cache root {st.cache.root} (AITER_MLA_CACHE_DIR): "
                         f"{cache['error'] or cache_note}")
+    versions = _versions()
+    for mod in ("jinja2", "filelock"):   # declared dependencies (a --no-deps install may lack them)
+        if versions[mod].startswith("not importable"):
+            problems.append(f"{mod} is {versions[mod]}: no variant can be rendered or built "
+                            f"(pip install {mod})")
     info = {
-        "versions": _versions(),
+        "versions": versions,
         "archs": {"all": list(ARCHS), "nvidia": list(NVIDIA_ARCHS), "amd": list(AMD_ARCHS)},
         "toolchains": toolchains,
         "gpu": _gpu(),
