@@ -295,7 +295,7 @@ __device__ __forceinline__ void pv(float (&o)[32][4], const uint32_t (&a)[C::kMB
 // A row that saw no key gets O = 0 and LSE +inf (final) / -inf (partial), never NaN.
 template <class C>
 __device__ __forceinline__ void write_output(const float (&o)[32][4], RowState8& st, uint8_t* smem, const Work& w,
-                                             int wgi, int row_base, int num_heads, float out_scale,
+                                             int wgi, int row_base, int rows, int num_heads, float out_scale,
                                              __nv_bfloat16* __restrict__ out, float* __restrict__ final_lse,
                                              float* __restrict__ split_out, float* __restrict__ split_lse,
                                              int wp, int lane) {
@@ -314,7 +314,6 @@ __device__ __forceinline__ void write_output(const float (&o)[32][4], RowState8&
   }
   wg::wg_sync(wgi);
   const int64_t row0 = (split ? (int64_t)w.partial_qo_loc : (int64_t)w.qo_start) * num_heads + row_base;
-  const int rows = w.valid_rows;   // real rows of this warpgroup
   float inv[8];
 #pragma unroll
   for (int q = 0; q < 8; ++q) {
