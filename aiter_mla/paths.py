@@ -44,11 +44,7 @@ def unmakeable_folder_reason(path: str | os.PathLike) -> str | None:
     probe = absolute_path(path, "the folder")
     while not probe.exists() and probe != probe.parent:
         if probe.is_symlink():   # dangling or looping: no folder can be made where it points
-            try:
-                target = os.readlink(probe)
-            except OSError:
-                target = "?"
-            return f"{probe} is a symlink that does not resolve (to {target})"
+            return f"{probe} is a symlink that does not resolve (to {probe.parent / os.readlink(probe)})"
         probe = probe.parent
     if not probe.is_dir():
         return f"{probe} exists and is not a folder"

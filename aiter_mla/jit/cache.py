@@ -295,7 +295,7 @@ class Cache:
                 return Corrupt(key, d, "not a folder")
             return None
         except (OSError, ValueError) as exc:
-            if isinstance(exc, OSError) and not self.root.is_dir():
+            if isinstance(exc, OSError) and not os.path.isdir(self.root):   # never raises
                 return None   # the root's problem (e.g. a looping link), reported as such by the writer
             return Corrupt(key, d, f"meta.json unreadable: {exc}")
         if not isinstance(meta, dict):

@@ -301,8 +301,7 @@ def _check_batch_layout(qo_indptr, kv_indptr, kv_last_page_lens) -> int:
         raise ValueError(f"qo_indptr must have batch + 1 >= 2 entries, got {qo_indptr.numel()}")
     if kv_indptr.numel() != batch + 1:
         raise ValueError(f"qo_indptr and kv_indptr must both have batch + 1 entries: qo_indptr has "
-                         f"{qo_indptr.numel()} (batch {batch}), kv_indptr has {kv_indptr.numel()} "
-                         f"(batch {kv_indptr.numel() - 1})")
+                         f"{qo_indptr.numel()} (batch {batch}), kv_indptr has {kv_indptr.numel()}")
     if kv_last_page_lens.numel() < batch:
         raise ValueError(f"kv_last_page_lens must have batch = {batch} entries, got {kv_last_page_lens.numel()}")
     return batch
