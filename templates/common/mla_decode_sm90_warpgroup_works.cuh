@@ -136,8 +136,8 @@ __device__ __forceinline__ void qk_issue_chunk(float (&acc)[4][4], uint64_t kd0,
 
 // S^T[64 keys x this warpgroup's 32 rows] over all 576 dims; returns with every wgmma done.
 // s[i][e]: key 16 w + lane / 4 + 8 (e / 2), row 8 i + 2 (lane % 4) + e % 2.
-template <class C>
-__device__ __forceinline__ void qk(float (&s)[4][4], const uint8_t* smem, int stage, int wgi) {
+template <class C, class AfterIssue>
+__device__ __forceinline__ void qk(float (&s)[4][4], const uint8_t* smem, int stage, int wgi, AfterIssue after_issue) {
   const uint32_t k_addr = smem_addr(smem + C::kOffKv + stage * C::kStageBytes);
   const uint32_t q_addr = smem_addr(smem + C::kOffQ) + wgi * (kWgRows / 8) * C::kGroupBytes;
   constexpr int kChunks = C::kKSteps / C::kQkChunk;
@@ -156,12 +156,19 @@ __device__ __forceinline__ void qk(float (&s)[4][4], const uint8_t* smem, int st
     }
     qk_issue_chunk<C>(acc[c & 1], kd0, qd0, c);
   }
+  after_issue();   // every QK wgmma of the tile issued
   wg::wgmma_wait<1>();
   wg::qk_add<C>(s, acc[kChunks & 1]);
   wg::wgmma_wait<0>();
   wg::qk_add<C>(s, acc[(kChunks - 1) & 1]);
   wg::fence_operands(s);
 }
+
+// Rows-split turns (experiment): warpgroup w's MMA issue waits on barrier 9 + w (256 threads: the
+// other warpgroup arrives after issuing its own), so the two issue QK, QK, PV, PV, ... in turn and
+// each one's softmax runs under the other's MMAs.
+__device__ __forceinline__ void turn_wait(int wgi) { asm volatile("bar.sync %0, 256;\n" ::"r"(9 + wgi) : "memory"); }
+__device__ __forceinline__ void turn_pass(int wgi) { asm volatile("bar.arrive %0, 256;\n" ::"r"(10 - wgi) : "memory"); }
 
 // Running state of this thread's 8 query rows (index q = 2 i + b: row 8 i + 2 (lane % 4) + b).
 struct RowState8 {
@@ -278,13 +285,14 @@ __device__ __forceinline__ void pv_issue_blocks(float (&o)[32][4], const uint32_
 }
 
 // O^T += V^T . P^T(buf) for this warpgroup; returns with the wgmmas done (A's registers free).
-template <class C>
+template <class C, class AfterIssue>
 __device__ __forceinline__ void pv(float (&o)[32][4], const uint32_t (&a)[C::kMBlocks][C::BN / 32][4],
-                                   const uint8_t* smem, int wgi, int buf) {
+                                   const uint8_t* smem, int wgi, int buf, AfterIssue after_issue) {
   wg::fence_operands(o);
   wg::wgmma_fence();
   pv_issue_blocks<C, 0>(o, a, smem_addr(smem + C::kOffP + (wgi * 2 + buf) * C::kPBytes));
   wg::wgmma_commit();
+  after_issue();
   wg::wgmma_wait<0>();
   wg::fence_operands(o);
 }
