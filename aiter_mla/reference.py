@@ -279,7 +279,7 @@ def reduce_ref(partial_output, partial_lse, reduce_indptr, reduce_final_map, red
         -inf: out 0, lse +inf. Tiles with < 2 entries are left as the bases.
 
     Raises TypeError for a non-integer index tensor, and ValueError naming the argument
-    when an index points outside its buffer, reduce_indptr decreases, a tile's q_end is
+    when reduce_indptr is empty, an index points outside its buffer, reduce_indptr decreases, a tile's q_end is
     below its q_start, an index tensor has the wrong number of dimensions, reduce_final_map
     is not [tiles, 2] or lacks the row of a tile that merges, or
     partial_output is not [N, H, 512] / [N, 1, H, 512], or final_output / final_lse do not
@@ -294,7 +294,8 @@ def reduce_ref(partial_output, partial_lse, reduce_indptr, reduce_final_map, red
             raise TypeError(f"{name} must be a float tensor, got "
                             f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
         _require_values(t, name)
-    if partial_output.dim() not in (3, 4) or partial_output.shape[-1] != 512:
+    if (partial_output.dim() not in (3, 4) or partial_output.shape[-1] != 512
+            or (partial_output.dim() == 4 and partial_output.shape[1] != 1)):
         raise ValueError(f"partial_output must be [N, H, 512] or [N, 1, H, 512], got "
                          f"{tuple(partial_output.shape)}")
     H = int(partial_output.shape[-2])
@@ -315,6 +316,8 @@ def reduce_ref(partial_output, partial_lse, reduce_indptr, reduce_final_map, red
     lse = (final_lse.to(torch.float64).clone() if final_lse is not None else
            torch.full((total_q, H), float("nan"), dtype=torch.float64, device=out.device))
     ind = _int_list(reduce_indptr, "reduce_indptr")
+    if not ind:
+        raise ValueError("reduce_indptr must have tiles + 1 >= 1 entries, got 0")
     pmap = _int_list(reduce_partial_map, "reduce_partial_map")
     fmap = (_int_list(reduce_final_map, "reduce_final_map", ndim=2)
             if reduce_final_map is not None else None)

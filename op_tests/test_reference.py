@@ -333,6 +333,8 @@ def test_reduce_ref_rejects_out_of_range_partial_rows():
      "reduce_final_map must have a row for each merging tile: reduce_indptr's tile 1 merges 2 "
      "entries, but reduce_final_map has rows 0..0 only"),
     (dict(ind=[[0, 2]]), "reduce_indptr must be 1-D, got shape (1, 2)"),
+    # merged nothing and returned NaN LSEs, where mla_reduce_v1 refuses it (a break test)
+    (dict(ind=[]), "reduce_indptr must have tiles + 1 >= 1 entries, got 0"),
     # was torch's "The expanded size of the tensor (17) must match ..."
     (dict(final=(1, 17, DV)), f"final_output must be [total_q, 1, {DV}]"),
     (dict(final_lse=(1, 2)), "final_lse must be [1, 1]"),
@@ -357,6 +359,9 @@ def test_reduce_ref_names_a_bad_partial_output_and_refuses_integer_data():
     po, pl, fo = torch.randn(3, 2, DV), torch.randn(3, 2), torch.zeros(1, 2, DV)
     with pytest.raises(ValueError, match=r"partial_output must be \[N, H, 512\] or \[N, 1, H, 512\], got \(3, 2, 511\)"):
         ref.reduce_ref(po[..., :511], pl, *maps, fo)
+    # a 4-D partial_output whose second dim is not 1 was read as [N * dim1, H, 512] (a break test)
+    with pytest.raises(ValueError, match=r"partial_output must be .* got \(3, 2, 2, 512\)"):
+        ref.reduce_ref(torch.randn(3, 2, 2, DV), torch.randn(6, 2), *maps, fo)
     for args, name in (((po.int(), pl, *maps, fo), "partial_output"), ((po, pl, *maps, fo.long()), "final_output"),
                        ((po, pl.int(), *maps, fo), "partial_lse")):
         with pytest.raises(TypeError, match=f"{name} must be a float tensor, got torch.int"):
