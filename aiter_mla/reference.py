@@ -279,9 +279,9 @@ def reduce_ref(partial_output, partial_lse, reduce_indptr, reduce_final_map, red
         -inf: out 0, lse +inf. Tiles with < 2 entries are left as the bases.
 
     Raises TypeError for a non-integer index tensor, and ValueError naming the argument
-    when reduce_indptr is empty, an index points outside its buffer, reduce_indptr decreases, a tile's q_end is
-    below its q_start, an index tensor has the wrong number of dimensions, reduce_final_map
-    is not [tiles, 2] or lacks the row of a tile that merges, or
+    when reduce_indptr is empty or decreases, an index points outside its buffer, a tile's
+    q_end is below its q_start, an index tensor has the wrong number of dimensions,
+    reduce_final_map is not [tiles, 2] or lacks the row of a tile that merges, or
     partial_output is not [N, H, 512] / [N, 1, H, 512], or final_output / final_lse do not
     match its heads and width; TypeError when an output or LSE tensor is not a float tensor.
 

@@ -758,10 +758,8 @@ def cmd_info(args) -> int:
     versions = _versions()
     # declared dependencies a --no-deps install may lack; loads of indexed entries need neither
     # (so not a problem under AITER_MLA_DISABLE_JIT)
-    for mod, lost in (("jinja2", "variants can be neither rendered nor built"),
-                      ("filelock", "variants cannot be built")):
-        if no_builds:
-            break
+    for mod, lost in () if no_builds else (("jinja2", "variants can be neither rendered nor built"),
+                                           ("filelock", "variants cannot be built")):
         try:
             importlib.import_module(mod)
         except Exception as exc:
