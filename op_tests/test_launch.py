@@ -182,3 +182,23 @@ def test_forked_child_gets_the_ops_locks_free():
     for lk in held:   # the parent's locks are free again once the thread let go
         assert lk.acquire(timeout=1)
         lk.release()
+
+
+def test_every_launching_entry_point_drops_a_stale_error_first():
+    """The runtime's last error is per host thread and sticks until read: each entry point that
+    returns cudaGetLastError must read (drop) it first, or an error an earlier call returned
+    early with comes back as its own (a review finding). Every module's every default variant,
+    both vendors (AMD's hipGetLastError has the same semantics)."""
+    cfg = load_config()
+    seen = 0
+    for name, m in cfg.modules.items():
+        for params in m.default_variants:
+            text = render(m, dict(params), templates_dir()).text
+            for fn in re.finditer(r"AITER_MLA_EXPORT int (\w+)\((.*?)\)\s*\{\s*([^;]*;)", text, re.S):
+                symbol, first = fn.group(1), fn.group(3)
+                body = text[fn.end():text.find("\n}", fn.end())]
+                if "cudaGetLastError" not in body and "Launch" not in body and "launch_" not in body:
+                    continue   # a size query or a stamp read: launches nothing
+                assert first == "aiter_mla_drop_stale_error();", (name, params, symbol, first)
+                seen += 1
+    assert seen >= 7, seen

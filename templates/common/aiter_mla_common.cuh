@@ -241,6 +241,12 @@ extern "C" int __hipPopCallConfiguration(dim3* grid, dim3* block, size_t* smem, 
 
 #define AITER_MLA_EXPORT extern "C" __attribute__((visibility("default")))
 
+// Every entry point calls this first. The runtime's last error is per host thread and sticks
+// until read: an error an earlier call returned early with (a failed query, device switch or
+// attribute set) would otherwise come back from this call's cudaGetLastError as this call's.
+// (Errors that break the context stay sticky and still fail this call.)
+static inline void aiter_mla_drop_stale_error() { (void)cudaGetLastError(); }
+
 // Why this exists: our .so links its own static cudart, so a launch must select the device
 // the caller's tensors live on (the current device of torch's runtime is not ours).
 static inline cudaError_t aiter_mla_select_device(int device) {
