@@ -223,24 +223,31 @@ __device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], Ro
   }
   wg::consumer_sync();   // row_inv of all 64 rows
   const int64_t row0 = (split ? (int64_t)w.partial_qo_loc : (int64_t)w.qo_start) * num_heads + row_base;
+  // Each value v0, v1 of row r at column col, to `store`. The split test stays outside this
+  // loop: inside it, every thread issued both kinds of store, one predicated off, and the
+  // epilogue's length decides a short work's time (docs/perf/rows_split_epilogue_h100.md).
+  auto each_pair = [&](auto&& store) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < 8; ++i) {
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int r = 8 * i + 2 * (lane & 3) + e;
-      if (r >= w.valid_rows) continue;
-      const float f = row_inv[r];
+      for (int e = 0; e < 2; ++e) {
+        const int r = 8 * i + 2 * (lane & 3) + e;
+        if (r >= w.valid_rows) continue;
+        const float f = row_inv[r];
 #pragma unroll
-      for (int mb = 0; mb < C::kMBlocks; ++mb) {
-        const int col = 16 * (16 * half + 4 * mb + group) + 2 * (lane >> 2);
-        const float v0 = o[8 * mb + i][e] * f, v1 = o[8 * mb + i][e + 2] * f;
-        if (split) {
-          *reinterpret_cast<float2*>(split_out + (row0 + r) * kVDim + col) = make_float2(v0, v1);
-        } else {
-          *reinterpret_cast<__nv_bfloat162*>(out + (row0 + r) * kVDim + col) = __floats2bfloat162_rn(v0, v1);
+        for (int mb = 0; mb < C::kMBlocks; ++mb) {
+          const int col = 16 * (16 * half + 4 * mb + group) + 2 * (lane >> 2);
+          store((row0 + r) * kVDim + col, o[8 * mb + i][e] * f, o[8 * mb + i][e + 2] * f);
         }
       }
     }
+  };
+  if (split) {
+    each_pair([&](int64_t at, float v0, float v1) { *reinterpret_cast<float2*>(split_out + at) = make_float2(v0, v1); });
+  } else {
+    each_pair([&](int64_t at, float v0, float v1) {
+      *reinterpret_cast<__nv_bfloat162*>(out + at) = __floats2bfloat162_rn(v0, v1);
+    });
   }
 }
 

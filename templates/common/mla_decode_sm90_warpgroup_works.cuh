@@ -331,23 +331,28 @@ __device__ __forceinline__ void write_output(const float (&o)[32][4], RowState8&
       }
     }
   }
+  // The split test outside the store loop, as in transposed_pv::write_output.
+  auto each_pair = [&](auto&& store) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 4; ++i) {
 #pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const int n = 8 * i + 2 * r + b, q = 2 * i + b;
-      if (n >= rows) continue;
+      for (int b = 0; b < 2; ++b) {
+        const int n = 8 * i + 2 * r + b, q = 2 * i + b;
+        if (n >= rows) continue;
 #pragma unroll
-      for (int mb = 0; mb < C::kMBlocks; ++mb) {
-        const int col = 16 * (4 * mb + wp) + 2 * j;
-        const float v0 = o[4 * mb + i][b] * inv[q], v1 = o[4 * mb + i][b + 2] * inv[q];
-        if (split) {
-          *reinterpret_cast<float2*>(split_out + (row0 + n) * kVDim + col) = make_float2(v0, v1);
-        } else {
-          *reinterpret_cast<__nv_bfloat162*>(out + (row0 + n) * kVDim + col) = __floats2bfloat162_rn(v0, v1);
+        for (int mb = 0; mb < C::kMBlocks; ++mb) {
+          const int col = 16 * (4 * mb + wp) + 2 * j;
+          store((row0 + n) * kVDim + col, o[4 * mb + i][b] * inv[q], o[4 * mb + i][b + 2] * inv[q]);
         }
       }
     }
+  };
+  if (split) {
+    each_pair([&](int64_t at, float v0, float v1) { *reinterpret_cast<float2*>(split_out + at) = make_float2(v0, v1); });
+  } else {
+    each_pair([&](int64_t at, float v0, float v1) {
+      *reinterpret_cast<__nv_bfloat162*>(out + at) = __floats2bfloat162_rn(v0, v1);
+    });
   }
 }
 
