@@ -221,12 +221,14 @@ def get_words(name: str) -> list[str]:
 def get_path(name: str) -> Path | None:
     """The variable as an absolute path, ``~`` and ``~user`` expanded and a relative path taken
     from the current directory (not resolved: links stay as given); None when unset, empty or
-    blank. Raises ValueError naming the variable when a ``~user`` cannot be expanded (pathlib's
-    own error, "Could not determine home directory.", names neither)."""
+    blank. Surrounding whitespace is dropped, as for the number and flag variables (" /x " made
+    a folder named " " in the current directory; a newline from ``$(...)`` made "/x\n").
+    Raises ValueError naming the variable when a ``~user`` cannot be expanded (pathlib's own
+    error, "Could not determine home directory.", names neither)."""
     from .paths import absolute_path
 
     value = get(name)
-    return None if value is None else absolute_path(value, f"environment variable {name}")
+    return None if value is None else absolute_path(value.strip(), f"environment variable {name}")
 
 
 def _check_one(name: str, var: EnvVar) -> None:

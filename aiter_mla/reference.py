@@ -76,8 +76,10 @@ def _scale_value(scale, name: str) -> float:
 
 
 def _check_indptr(vals: list[int], name: str, limit: int, limit_name: str) -> None:
-    if not vals or vals[0] != 0:
-        raise ValueError(f"{name}[0] must be 0, got {vals[:1]}")
+    if not vals:
+        raise ValueError(f"{name} must hold num_batches + 1 >= 1 entries, got 0")
+    if vals[0] != 0:
+        raise ValueError(f"{name}[0] must be 0, got {vals[0]}")
     for i in range(len(vals) - 1):
         if vals[i + 1] < vals[i]:
             raise ValueError(f"{name} must be non-decreasing, got {name}[{i}]={vals[i]} > "
@@ -397,6 +399,12 @@ def split_reference(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page
                   q_scale, kv_scale)
     P, H = pb.page_size, pb.num_heads
     wind = _int_list(work_indptr, "work_indptr")
+    if not wind:
+        raise ValueError("work_indptr must hold num_clusters + 1 >= 1 entries, got 0")
+    for c in range(len(wind) - 1):
+        if wind[c] > wind[c + 1]:
+            raise ValueError(f"work_indptr must be non-decreasing, got work_indptr[{c}]={wind[c]} > "
+                             f"work_indptr[{c + 1}]={wind[c + 1]}")
     flat = _int_list(work_info_set, "work_info_set", ndim=2)
     if work_info_set.shape[1] != work_info.WORK_INFO_INTS:
         raise ValueError(f"work_info_set must be [num_works, {work_info.WORK_INFO_INTS}], got "
@@ -409,6 +417,15 @@ def split_reference(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page
                          f"({len(wis)} rows)")
     WI = work_info.WI
     works = [wis[i] for i in range(w0, w1)]
+    # Split works' partial rows lie in [0, their row count), as get_mla_metadata_v1 and AITER
+    # lay them out one after another; checked before the buffer is made (a stray
+    # partial_qo_loc of 2**31 - 1 asked for terabytes).
+    split_rows = sum(max(0, w[WI["qo_end"]] - w[WI["qo_start"]]) for w in works if w[WI["partial_qo_loc"]] >= 0)
+    for i, w in enumerate(works):
+        loc, rows = w[WI["partial_qo_loc"]], w[WI["qo_end"]] - w[WI["qo_start"]]
+        if loc >= 0 and loc + rows > split_rows:
+            raise ValueError(f"work {w0 + i}: partial_qo_loc={loc} puts its {rows} partial rows outside "
+                             f"[0, {split_rows}), the split works' rows laid out one after another")
     n_partial = max([w[WI["partial_qo_loc"]] + w[WI["qo_end"]] - w[WI["qo_start"]]
                      for w in works if w[WI["partial_qo_loc"]] >= 0], default=0)
     dev = pb.device
@@ -426,6 +443,8 @@ def split_reference(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page
         if not pb.qo[b] <= qs <= qe <= pb.qo[b + 1]:
             raise ValueError(f"work {w0 + i}: q tokens [{qs}, {qe}) outside batch {b}'s "
                              f"[{pb.qo[b]}, {pb.qo[b + 1]})")
+        if ke < ks:
+            raise ValueError(f"work {w0 + i}: kv_end={ke} < kv_start={ks}")
         base = pb.kvp[b]
         t0 = (ks - base) * P
         if P == 1 or koff != 0:

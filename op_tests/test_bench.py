@@ -727,7 +727,11 @@ def test_bad_arguments_exit_2_before_building(monkeypatch, capsys):
                          (["-b", "1", "-c", "3000000000"], "a request must have < 2**31 KV tokens"),
                          (["-b", "1000000000", "-c", "21", "--page-size", "1"], "up to 21000000000 KV pages"),
                          # the results are written after the sweep: a bad tag is refused first
-                         (["--tag", "a/b"], "--tag 'a/b': it becomes part of file names")]:
+                         (["--tag", "a/b"], "--tag 'a/b': it becomes part of file names"),
+                         # a tag whose plot name passes 255 bytes (fresh-user report: accepted,
+                         # then the results could not be written)
+                         (["--tag", "x" * 240], "--tag: 240 bytes make the file name latency_vs_ctx_xxxxxxxxx... "
+                                                "259 bytes long, over the 255")]:
         assert commands.run(parser.parse_args(["--compile-only", *argv])) == 2
         assert needle in capsys.readouterr().err
     assert built == []
@@ -740,6 +744,7 @@ def test_bad_arguments_exit_2_before_building(monkeypatch, capsys):
     assert commands.run(parser.parse_args(["-o", "/proc/version/x"])) == 2
     assert "-o /proc/version/x: /proc/version exists and is not a folder" in capsys.readouterr().err
     assert commands._tag_message(parser.parse_args(["--tag", "h200+pdl run.1"])) is None   # any other name part
+    assert commands._tag_message(parser.parse_args(["--tag", "x" * 236])) is None   # 255 bytes: fits
 
 
 def test_bench_jobs_default_to_max_jobs(monkeypatch, capsys):

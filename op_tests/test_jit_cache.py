@@ -888,10 +888,31 @@ def test_forked_child_does_not_inherit_a_held_variant_lock(fake_jit):
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+def test_an_unknown_module_and_bad_argtypes_raise_named_errors(fake_jit):
+    """get_module of an unknown name raised a KeyError its docstring did not list, and
+    function(argtypes=None) a bare "'NoneType' object is not iterable" (a fresh-user report)."""
+    import ctypes
+
+    from aiter_mla.jit.config import UnknownModuleError
+
+    with pytest.raises(ValueError, match="nosuch") as ei:
+        core.get_module("nosuch", arch="sm_90a")
+    assert isinstance(ei.value, (UnknownModuleError, KeyError))
+    m = core.get_module("fake", **P)
+    with pytest.raises(TypeError, match=r"function\('aiter_mla_fake_answer'\): argtypes must be a sequence of "
+                                        r"ctypes types \(\[\] for none\), got None"):
+        m.function("aiter_mla_fake_answer", None, ctypes.c_int)
+    assert m.function("aiter_mla_fake_answer", (), ctypes.c_int)() == 42
+
+
 @pytest.mark.parametrize("edit,why", [
     (lambda m: m.update(loadable=False), "loadable=False for an artifact named 'lib.so'"),
     (lambda m: m["artifact"].update(size=str(m["artifact"]["size"])), "not an integer"),
     (lambda m: [1, 2], "holds a list, not an object"),
+    # "meta.json lacks string indices must be integers, not 'str'" (a fresh-user report)
+    (lambda m: m.update(artifact="lib.so"), "meta.json's artifact is a str, not an object"),
+    (lambda m: m["artifact"].update(name=3), "meta.json's artifact name is 3, not a string"),
+    (lambda m: m.update(arch=["sm_90a"]), "built for arch ['sm_90a'], wanted sm_90a"),
 ])
 def test_inconsistent_meta_is_damage(fake_jit, edit, why, caplog):
     """meta.json edited into something a build never writes: 'loadable' false on an nvcc

@@ -242,6 +242,32 @@ def test_a_path_variable_with_an_unknown_user(fake_jit, capsys, monkeypatch, var
             get_module("convert_fp8", arch="sm_90a", out_dtype="bf16")
 
 
+@pytest.mark.parametrize("kind", ["missing", "file", "empty"])
+def test_info_reports_an_unusable_templates_folder(fake_jit, capsys, monkeypatch, tmp_path, kind):
+    """AITER_MLA_TEMPLATES_DIR naming no folder, a file or a folder without the templates:
+    info printed it (a file as "no such folder") and exited 0 while every build failed
+    (fresh-user report). Now a problem line names it and what it lacks (exit 1)."""
+    target = tmp_path / "t"
+    if kind == "file":
+        target.write_text("x")
+    elif kind == "empty":
+        target.mkdir()
+    monkeypatch.setenv("AITER_MLA_TEMPLATES_DIR", str(target))
+    core.reset_state()
+    assert main(["info"]) == 1
+    out = capsys.readouterr().out
+    problems = [line for line in out.splitlines() if line.startswith("problem:")]
+    want = {"missing": "no such folder: every module fails to render",
+            "file": "a file, not a folder: every module fails to render",
+            "empty": "lacks 1 of the 1 module templates (fake.cu.j2): those modules fail to render"}[kind]
+    assert problems == [f"problem: templates {target} (AITER_MLA_TEMPLATES_DIR): {want}"], out
+    shown = {"missing": " (MISSING: no such folder)", "file": " (a file, not a folder)", "empty": ";"}[kind]
+    assert f"templates: {target}{shown}" in out
+    monkeypatch.setenv("AITER_MLA_TEMPLATES_DIR", str(fake_jit.templates))
+    core.reset_state()
+    assert main(["info"]) == 0, capsys.readouterr().out
+
+
 def test_info_lists_every_malformed_variable(fake_jit, capsys, monkeypatch):
     """info listed only the first malformed variable (a review): with two bad path variables
     and a bad timeout, each has its problem line, and the unusable templates folder is not
@@ -318,6 +344,47 @@ def test_info_reports_a_compiler_that_fails_its_version_probe(fake_jit, capsys, 
     out = capsys.readouterr().out
     assert "not writable: loads only (AITER_MLA_DISABLE_JIT: nothing is built)" in out
     assert "problem:" not in out
+
+
+@pytest.mark.parametrize("how", ["fails", "hangs"])
+def test_a_failing_version_probe_runs_once_a_process(fake_jit, capsys, monkeypatch, tmp_path, how):
+    """An nvcc whose --version hung made `jit list` pay the 30 s probe timeout once per variant
+    (5.5 minutes for 11; fresh-user report). A failed or timed-out probe of one compiler
+    identity is now remembered for the process; reset_state forgets it."""
+    import subprocess
+
+    from aiter_mla.jit import toolchain
+
+    counter = tmp_path / "probes"
+    nvcc = tmp_path / "probe-nvcc"
+    # the counter's path through the environment: a path named in the script is part of the
+    # compiler's identity, and its growing file would make every probe a new compiler
+    nvcc.write_text('#!/bin/sh\necho x >> "$PROBE_COUNTER"\necho broken >&2\nexit 3\n')
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("PROBE_COUNTER", str(counter))
+    monkeypatch.setenv("AITER_MLA_NVCC", str(nvcc))
+    if how == "hangs":   # a probe that times out, without waiting 30 s for it
+        real_run = subprocess.run
+
+        def run(cmd, *args, **kwargs):
+            if cmd[1:] == ["--version"] and cmd[0] == str(nvcc):
+                with counter.open("a") as f:
+                    f.write("x\n")
+                raise subprocess.TimeoutExpired(cmd, kwargs.get("timeout"))
+            return real_run(cmd, *args, **kwargs)
+
+        monkeypatch.setattr(subprocess, "run", run)
+    core.reset_state()
+    for _ in range(3):
+        with pytest.raises(toolchain.ToolchainError, match="--version"):
+            toolchain.find_compiler("sm_90a", None)
+    assert main(["jit", "list"]) in (0, 1)
+    capsys.readouterr()
+    assert counter.read_text().count("x") == 1
+    core.reset_state()
+    with pytest.raises(toolchain.ToolchainError):
+        toolchain.find_compiler("sm_90a", None)
+    assert counter.read_text().count("x") == 2
 
 
 def test_a_dangling_key_link_leaves_the_other_entries_listed(fake_jit, capsys):

@@ -219,6 +219,18 @@ def test_blank_cache_dir_means_the_default(monkeypatch):
     assert cache.default_root() == Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "aiter_mla"
 
 
+@pytest.mark.parametrize("var", ["AITER_MLA_CACHE_DIR", "AITER_MLA_CONFIG", "AITER_MLA_TEMPLATES_DIR",
+                                 "HIP_KITTENS_DIR"])
+def test_a_path_variable_loses_its_surrounding_whitespace(monkeypatch, tmp_path, var):
+    """AITER_MLA_CACHE_DIR=" /x " built into a folder named " " under the current directory,
+    and a trailing newline (from $(...)) into "/x\n" (fresh-user report); the number and flag
+    variables were already stripped."""
+    from aiter_mla import env
+    for value in (f" {tmp_path}/c ", f"{tmp_path}/c\n", f"\t{tmp_path}/c"):
+        monkeypatch.setenv(var, value)
+        assert env.get_path(var) == tmp_path / "c"
+
+
 def test_missing_nvcc_says_what_to_install(jit_clean, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nothing"))

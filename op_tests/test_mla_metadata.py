@@ -424,6 +424,15 @@ def test_kv_indptr_may_start_past_zero():
     assert s.work_info[0][WI["kv_start"]] == 1000
 
 
+def test_a_batch_past_int32_tokens_names_its_kv_indptr_entries():
+    """The message named the batch and its tokens but not the argument they came from (a
+    fresh-user report)."""
+    with pytest.raises(ValueError, match=r"batch 0 has 68719476682 KV tokens \(kv_indptr\[1\] - "
+                                         r"kv_indptr\[0\] = 1073741824 pages of 64\); kv_offset is int32"):
+        reference_schedule([0, 1], [0, 2**30], [10], num_heads=16, num_clusters=4,
+                           page_size=64, kv_granularity=64, max_seqlen_qo=1)
+
+
 def test_last_page_lens_are_checked_at_page_size_1_too():
     """The decode kernel refuses a length other than 1 at page size 1; the CPU scheduler, which
     says it validates values, let 0 and 12345 through (a fresh-user audit)."""

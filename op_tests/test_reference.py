@@ -143,6 +143,9 @@ def test_decode_ref_scales_are_real_values():
     (lambda p: p.__setitem__("qo_indptr", torch.tensor([0, 5, 2], dtype=torch.int32)), "qo_indptr"),
     (lambda p: p.__setitem__("q", p["q"][..., :512]), "q must be"),
     (lambda p: p.__setitem__("kv_buffer", p["kv_buffer"][:, :, 0]), "kv_buffer"),
+    # the value, not a one-element list (a fresh-user report: "got [-1]")
+    (lambda p: p.__setitem__("kv_indptr", torch.tensor([-1, 2, 3], dtype=torch.int32)),
+     r"kv_indptr\[0\] must be 0, got -1$"),
 ])
 def test_decode_ref_rejects_bad_input(bad, match):
     p = make_problem([1, 1], [6, 3], H=2, page_size=4)
@@ -244,6 +247,42 @@ def test_split_reference_checks_sm_scale_and_the_records(bad, exc, match):
         kw.update(bad)
     with pytest.raises(exc, match=match):
         ref.split_reference(**p, **sched, **kw)
+
+
+def _edit_schedule(sched, what):
+    wis = sched["work_info_set"].clone()
+    split = [i for i in range(wis.shape[0]) if wis[i, WI["partial_qo_loc"]] >= 0]
+    if what == "empty work_indptr":
+        return dict(sched, work_indptr=torch.empty(0, dtype=torch.int32))
+    if what == "decreasing work_indptr":
+        n = wis.shape[0]
+        return dict(sched, work_indptr=torch.tensor([0, n, 1], dtype=torch.int32))
+    if what == "huge partial_qo_loc":
+        wis[split[0], WI["partial_qo_loc"]] = 2**31 - 1
+    elif what == "gapped partial_qo_loc":
+        wis[split[-1], WI["partial_qo_loc"]] = 10**6
+    elif what == "kv_end < kv_start":
+        wis[0, WI["kv_end"]] = wis[0, WI["kv_start"]] - 1
+    return dict(sched, work_info_set=wis)
+
+
+@pytest.mark.parametrize("what,match", [
+    ("empty work_indptr", r"work_indptr must hold num_clusters \+ 1 >= 1 entries, got 0"),
+    ("decreasing work_indptr", r"work_indptr must be non-decreasing, got work_indptr\[1\]=\d+ > work_indptr\[2\]=1"),
+    ("huge partial_qo_loc", r"work \d+: partial_qo_loc=2147483647 puts its 1 partial rows outside \[0, \d+\)"),
+    ("gapped partial_qo_loc", r"work \d+: partial_qo_loc=1000000 puts its 2 partial rows outside \[0, \d+\)"),
+    ("kv_end < kv_start", r"work 0: kv_end=-1 < kv_start=0"),
+])
+def test_split_reference_refuses_a_broken_schedule(what, match):
+    """A fresh-user break test: an empty work_indptr reached an IndexError, a decreasing one a
+    misleading reduce message, a partial_qo_loc of 2**31 - 1 asked the allocator for
+    terabytes (10**6: a silent million-row buffer), and kv_end < kv_start was replayed as an
+    empty range (a wrong answer, LSE +inf). Each is now a ValueError naming the field."""
+    p = make_problem([1, 2], [20, 9], H=2, page_size=4, seed=4)
+    sched = make_schedule(p, 2)
+    ref.split_reference(**p, **sched, sm_scale=0.07)   # the schedule itself is fine
+    with pytest.raises(ValueError, match=match):
+        ref.split_reference(**p, **_edit_schedule(sched, what), sm_scale=0.07)
 
 
 # ------------------------------------------------------------------------------------------

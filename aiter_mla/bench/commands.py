@@ -183,6 +183,12 @@ def _tag_message(args: argparse.Namespace) -> str | None:
     if any(c and c in tag for c in (os.sep, os.altsep, "\0")):
         return (f"--tag {tag!r}: it becomes part of file names (results_<tag>.json, .md and the "
                 f"plots), so it cannot hold a path separator")
+    from .report import file_names
+
+    longest = max(file_names(tag).values(), key=lambda n: len(os.fsencode(n)))
+    if len(os.fsencode(longest)) > 255:   # NAME_MAX of common file systems
+        return (f"--tag: {len(os.fsencode(tag))} bytes make the file name {longest[:24]}... "
+                f"{len(os.fsencode(longest))} bytes long, over the 255 a file name may have")
     return None
 
 

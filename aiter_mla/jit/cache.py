@@ -302,6 +302,10 @@ class Cache:
             return Corrupt(key, d, f"meta.json holds a {type(meta).__name__}, not an object")
         try:
             art = meta["artifact"]
+            if not isinstance(art, dict):
+                return Corrupt(key, d, f"meta.json's artifact is a {type(art).__name__}, not an object")
+            if not isinstance(art.get("name"), str):
+                return Corrupt(key, d, f"meta.json's artifact name is {art.get('name')!r}, not a string")
             path = d / art["name"]
             if not isinstance(art["size"], int) or not isinstance(art["sha256"], str):
                 return Corrupt(key, d, f"meta.json's artifact size and sha256 are "
@@ -322,8 +326,10 @@ class Cache:
             return Corrupt(key, d, "artifact file missing")
         except OSError as exc:   # e.g. the artifact's name is a folder
             return Corrupt(key, d, f"artifact unreadable: {exc}")
-        except (KeyError, TypeError) as exc:
+        except KeyError as exc:
             return Corrupt(key, d, f"meta.json lacks {exc}")
+        except TypeError as exc:   # a field of the wrong type, e.g. key or arch a list
+            return Corrupt(key, d, f"meta.json has a field of the wrong type ({exc})")
         if size != art["size"] or digest != art["sha256"]:
             return Corrupt(key, d, f"artifact is {size} bytes sha256 {digest[:12]}..., "
                                    f"meta.json says {art['size']} bytes {art['sha256'][:12]}...")

@@ -696,6 +696,27 @@ def _templates_shown() -> str:
         return f"unusable ({exc})"
 
 
+def _templates_problem(cfg) -> str | None:
+    """Why the templates folder cannot render every configured module, or None. A folder that
+    is missing, a file, or lacks a module's template fails those builds (and loads by source)."""
+    try:
+        tdir = templates_dir()
+    except ValueError:   # AITER_MLA_TEMPLATES_DIR cannot expand: already a problem
+        return None
+    where = f"templates {tdir}" + (" (AITER_MLA_TEMPLATES_DIR)" if env.is_set("AITER_MLA_TEMPLATES_DIR") else "")
+    if not tdir.is_dir():
+        what = "a file, not a folder" if tdir.exists() else "no such folder"
+        return f"{where}: {what}: every module fails to render"
+    if cfg is None:
+        return None
+    wanted = {m.template for m in cfg.modules.values()}
+    missing = sorted(t for t in wanted if not (tdir / t).is_file())
+    if not missing:
+        return None
+    return (f"{where}: lacks {len(missing)} of the {len(wanted)} module templates "
+            f"({', '.join(missing)}): those modules fail to render")
+
+
 def cmd_info(args) -> int:
     # A diagnostic: a bad config or variable is reported among the rest (exit 1), not instead
     # of it (the CLI skips its own variable check for this command).
@@ -755,6 +776,9 @@ def cmd_info(args) -> int:
         # loads under AITER_MLA_DISABLE_JIT is not one), or one nothing can read
         problems.append(f"cache root {st.cache.root} (AITER_MLA_CACHE_DIR): "
                         f"{cache['error'] or cache_note}")
+    tproblem = _templates_problem(cfg)
+    if tproblem is not None:
+        problems.append(tproblem)
     versions = _versions()
     # declared dependencies a --no-deps install may lack; loads of indexed entries need neither
     # (so not a problem under AITER_MLA_DISABLE_JIT)
@@ -807,8 +831,9 @@ def cmd_info(args) -> int:
     for other in c["also_read"]:
         state = other["error"] or f"{other['entries']} entries, {other['total_bytes']} bytes"
         print(f"cache: {other['root']} (per-user fallback, also read by lookups), {state}")
-    tdir = "" if info["templates"].startswith("unusable") or Path(info["templates"]).is_dir() \
-        else " (MISSING: no such folder)"
+    tpath = Path(info["templates"])
+    tdir = "" if info["templates"].startswith("unusable") or tpath.is_dir() \
+        else " (a file, not a folder)" if tpath.exists() else " (MISSING: no such folder)"
     print(f"config: {info['config'] or 'not loaded (see problems)'}; templates: {info['templates']}{tdir}; experimental: "
           f"{'on' if info['experimental_enabled'] else 'off'}")
     for name, p in pins.items():

@@ -55,8 +55,9 @@ class ConfigError(ValueError):
     """``jit_config.json`` does not follow the schema; the message names the key and value."""
 
 
-class UnknownModuleError(KeyError):
-    """No module of that name in the config (a KeyError whose text reads as a sentence)."""
+class UnknownModuleError(KeyError, ValueError):
+    """No module of that name in the config: a KeyError whose text reads as a sentence, and a
+    ValueError like :class:`ParamError`'s other bad-argument errors."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

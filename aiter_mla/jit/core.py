@@ -35,6 +35,7 @@ from ..paths import absolute_path
 from ..arch import is_experimental_enabled
 from . import key as keymod
 from . import third_party
+from . import toolchain as toolchain_mod
 from .cache import (Cache, CacheNotWritableError, Corrupt, Entry, default_root, existing_private_fallback_root, log,
                     private_fallback_root)
 from .config import JitConfig, load_config, templates_dir
@@ -183,6 +184,7 @@ def reset_state() -> None:
         _state = None
     keymod._codegen.clear()
     third_party._env_trees.clear()
+    toolchain_mod._failed_probes.clear()
     for hook in _reset_hooks:
         hook()
 
@@ -580,6 +582,7 @@ def get_module(name: str, **params: Any) -> Module:
     lists in ``jit_config.json``, no hidden defaults), built on first use.
 
     Warm calls in a process are a dict lookup (thread-safe, no filesystem access). Raises
+    UnknownModuleError (no module ``name`` in the config; a KeyError and a ValueError),
     ParamError (missing/unknown/disallowed parameter, listing the allowed values),
     ToolchainError, RenderError, BuildError (with the compiler's output), JitDisabledError,
     CompileOnlyError (an AMD arch built by the clang compile check), CacheNotWritableError,

@@ -37,10 +37,14 @@ class Module:
 
         ``argtypes``: ctypes types of the arguments; ``restype``: the return type
         (``c_int``: a ``cudaError_t``, 0 = success). Raises :class:`ModuleLoadError` when the
-        library does not export ``symbol``, and ctypes' ``TypeError`` for an argument type that
-        is not a ctypes type.
+        library does not export ``symbol``; TypeError naming ``argtypes`` when it is not a
+        sequence, and ctypes' ``TypeError`` for an argument type that is not a ctypes type.
         """
-        argtypes = tuple(argtypes)
+        try:
+            argtypes = tuple(argtypes)
+        except TypeError:
+            raise TypeError(f"function({symbol!r}): argtypes must be a sequence of ctypes types "
+                            f"([] for none), got {argtypes!r}") from None
         key = (symbol, argtypes, restype)
         fn = self._fns.get(key)
         if fn is None:

@@ -308,6 +308,9 @@ def find_compiler(arch: str, identity_dir: Path | None) -> Compiler:
 
 
 _versions: dict[tuple, str] = {}
+# Probes that timed out or failed, by identity: one compiler identity is probed once a
+# process, so a hanging `--version` costs its timeout once, not once per variant looked up.
+_failed_probes: dict[str, str] = {}
 
 # Absolute paths named in a wrapper script (e.g. /usr/local/bin/nvcc: exec /usr/local/cuda/bin/nvcc)
 _SCRIPT_PATH = re.compile(rb"(/[^\s'\"`;|&$()<>]+)")
@@ -378,6 +381,8 @@ def compiler_version(path: str, identity_dir: Path | None) -> str:
     version = _versions.get(stamp)
     if version is not None:
         return version
+    if stamp in _failed_probes:
+        raise ToolchainError(_failed_probes[stamp])
     record = None
     if identity_dir is not None:
         record = _version_record(identity_dir, stamp_list)
@@ -396,13 +401,17 @@ def compiler_version(path: str, identity_dir: Path | None) -> str:
         # errors="replace": a banner that is not UTF-8 is still a banner to report, not a crash
         proc = subprocess.run([path, "--version"], capture_output=True, text=True, errors="replace",
                               timeout=30, env=env.child_environ())
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except subprocess.TimeoutExpired as exc:
+        _failed_probes[stamp] = f"could not run {path} --version: {exc}"
+        raise ToolchainError(_failed_probes[stamp]) from None
+    except OSError as exc:   # may pass (a busy file, no process slot): probed again next time
         raise ToolchainError(f"could not run {path} --version: {exc}") from None
     if proc.returncode != 0:
         # one line: the output's last line says why (a whole banner would bury the reason)
         last = ((proc.stderr or proc.stdout).strip().splitlines() or [""])[-1][-200:]
-        raise ToolchainError(f"{path} --version failed with exit status {proc.returncode}"
-                             + (f": {last}" if last else ""))
+        _failed_probes[stamp] = (f"{path} --version failed with exit status {proc.returncode}"
+                                 + (f": {last}" if last else ""))
+        raise ToolchainError(_failed_probes[stamp])
     version = (proc.stdout + proc.stderr).strip()
     _versions[stamp] = version
     # Remembered only inside a cache root a build has made (it has entries/): a lookup (jit

@@ -236,8 +236,8 @@ def validate_inputs(qo_indptr, kv_indptr, kv_last_page_lens, *, page_size: int,
             tokens = (kvlen - 1) * page_size + lpl[b]
             if tokens > INT32_MAX:
                 raise ValueError(
-                    f"batch {b} has {tokens} KV tokens; kv_offset is int32, so a batch must "
-                    f"have < 2**31 tokens")
+                    f"batch {b} has {tokens} KV tokens ({kn}[{b + 1}] - {kn}[{b}] = {kvlen} pages "
+                    f"of {page_size}); kv_offset is int32, so a batch must have < 2**31 tokens")
     return qo, kv, lpl
 
 
