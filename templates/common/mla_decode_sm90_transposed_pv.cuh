@@ -226,18 +226,25 @@ __device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], Ro
   // Each value v0, v1 of row r at column col, to `store`. The split test stays outside this
   // loop: inside it, every thread issued both kinds of store, one predicated off, and the
   // epilogue's length decides a short work's time (docs/perf/rows_split_epilogue_h100.md).
+  // The 16 factors read at once (one shared-memory latency, not 16 in turn), and the row test
+  // a predicate on each store, not a branch around each row's group.
+  float f[8][2];
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) f[i][e] = row_inv[8 * i + 2 * (lane & 3) + e];
   auto each_pair = [&](auto&& store) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int r = 8 * i + 2 * (lane & 3) + e;
-        if (r >= w.valid_rows) continue;
-        const float f = row_inv[r];
+        const bool live = r < w.valid_rows;
 #pragma unroll
         for (int mb = 0; mb < C::kMBlocks; ++mb) {
           const int col = 16 * (16 * half + 4 * mb + group) + 2 * (lane >> 2);
-          store((row0 + r) * kVDim + col, o[8 * mb + i][e] * f, o[8 * mb + i][e + 2] * f);
+          const float v0 = o[8 * mb + i][e] * f[i][e], v1 = o[8 * mb + i][e + 2] * f[i][e];
+          if (live) store((row0 + r) * kVDim + col, v0, v1);
         }
       }
     }
