@@ -417,15 +417,16 @@ def split_reference(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page
                          f"({len(wis)} rows)")
     WI = work_info.WI
     works = [wis[i] for i in range(w0, w1)]
-    # Split works' partial rows lie in [0, their row count), as get_mla_metadata_v1 and AITER
-    # lay them out one after another; checked before the buffer is made (a stray
-    # partial_qo_loc of 2**31 - 1 asked for terabytes).
-    split_rows = sum(max(0, w[WI["qo_end"]] - w[WI["qo_start"]]) for w in works if w[WI["partial_qo_loc"]] >= 0)
+    # Split works' partial rows lie in [0, split works x their most rows): get_mla_metadata_v1
+    # packs them, AITER steps by the q tile (a short last tile leaves a gap). Checked before the
+    # buffer is made: a stray partial_qo_loc of 2**31 - 1 asked for terabytes.
+    split = [w for w in works if w[WI["partial_qo_loc"]] >= 0]
+    bound = len(split) * max([w[WI["qo_end"]] - w[WI["qo_start"]] for w in split], default=0)
     for i, w in enumerate(works):
         loc, rows = w[WI["partial_qo_loc"]], w[WI["qo_end"]] - w[WI["qo_start"]]
-        if loc >= 0 and loc + rows > split_rows:
+        if loc >= 0 and loc + rows > bound:
             raise ValueError(f"work {w0 + i}: partial_qo_loc={loc} puts its {rows} partial rows outside "
-                             f"[0, {split_rows}), the split works' rows laid out one after another")
+                             f"[0, {bound}) ({len(split)} split works x their most rows)")
     n_partial = max([w[WI["partial_qo_loc"]] + w[WI["qo_end"]] - w[WI["qo_start"]]
                      for w in works if w[WI["partial_qo_loc"]] >= 0], default=0)
     dev = pb.device

@@ -350,7 +350,7 @@ def test_info_reports_a_compiler_that_fails_its_version_probe(fake_jit, capsys, 
 def test_a_failing_version_probe_runs_once_a_process(fake_jit, capsys, monkeypatch, tmp_path, how):
     """An nvcc whose --version hung made `jit list` pay the 30 s probe timeout once per variant
     (5.5 minutes for 11; fresh-user report). A failed or timed-out probe of one compiler
-    identity is now remembered for the process; reset_state forgets it."""
+    identity is now remembered for FAILED_PROBE_TTL_S (60 s); reset_state forgets it."""
     import subprocess
 
     from aiter_mla.jit import toolchain
@@ -385,6 +385,12 @@ def test_a_failing_version_probe_runs_once_a_process(fake_jit, capsys, monkeypat
     with pytest.raises(toolchain.ToolchainError):
         toolchain.find_compiler("sm_90a", None)
     assert counter.read_text().count("x") == 2
+    # remembered for a while only: the identity does not cover the environment, and a slow
+    # disk's one-off timeout must not fail a long-lived process's builds for good (a review)
+    monkeypatch.setattr(toolchain, "FAILED_PROBE_TTL_S", 0.0)
+    with pytest.raises(toolchain.ToolchainError):
+        toolchain.find_compiler("sm_90a", None)
+    assert counter.read_text().count("x") == 3
 
 
 def test_a_dangling_key_link_leaves_the_other_entries_listed(fake_jit, capsys):

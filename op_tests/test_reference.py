@@ -259,7 +259,7 @@ def _edit_schedule(sched, what):
         return dict(sched, work_indptr=torch.tensor([0, n, 1], dtype=torch.int32))
     if what == "huge partial_qo_loc":
         wis[split[0], WI["partial_qo_loc"]] = 2**31 - 1
-    elif what == "gapped partial_qo_loc":
+    elif what == "far partial_qo_loc":
         wis[split[-1], WI["partial_qo_loc"]] = 10**6
     elif what == "kv_end < kv_start":
         wis[0, WI["kv_end"]] = wis[0, WI["kv_start"]] - 1
@@ -269,8 +269,9 @@ def _edit_schedule(sched, what):
 @pytest.mark.parametrize("what,match", [
     ("empty work_indptr", r"work_indptr must hold num_clusters \+ 1 >= 1 entries, got 0"),
     ("decreasing work_indptr", r"work_indptr must be non-decreasing, got work_indptr\[1\]=\d+ > work_indptr\[2\]=1"),
-    ("huge partial_qo_loc", r"work \d+: partial_qo_loc=2147483647 puts its 1 partial rows outside \[0, \d+\)"),
-    ("gapped partial_qo_loc", r"work \d+: partial_qo_loc=1000000 puts its 2 partial rows outside \[0, \d+\)"),
+    ("huge partial_qo_loc", r"work \d+: partial_qo_loc=2147483647 puts its 1 partial rows outside \[0, 10\) "
+                            r"\(5 split works x their most rows\)"),
+    ("far partial_qo_loc", r"work \d+: partial_qo_loc=1000000 puts its 2 partial rows outside \[0, 10\)"),
     ("kv_end < kv_start", r"work 0: kv_end=-1 < kv_start=0"),
 ])
 def test_split_reference_refuses_a_broken_schedule(what, match):
@@ -283,6 +284,25 @@ def test_split_reference_refuses_a_broken_schedule(what, match):
     ref.split_reference(**p, **sched, sm_scale=0.07)   # the schedule itself is fine
     with pytest.raises(ValueError, match=match):
         ref.split_reference(**p, **_edit_schedule(sched, what), sm_scale=0.07)
+
+
+def test_split_reference_replays_a_layout_with_gaps():
+    """AITER steps partial_qo_loc by the q tile size, so a short last tile leaves unused rows
+    (a review found the first bound refused such schedules): a gap before batch 1's pieces
+    still replays exactly."""
+    p = make_problem([1, 2], [20, 9], H=2, page_size=4, seed=4)
+    sched = make_schedule(p, 2)
+    wis, pmap = sched["work_info_set"].clone(), sched["reduce_partial_map"].clone()
+    for i in range(wis.shape[0]):
+        if wis[i, WI["batch_idx"]] == 1 and wis[i, WI["partial_qo_loc"]] >= 0:
+            wis[i, WI["partial_qo_loc"]] += 1
+    pmap[3:] += 1   # batch 1's two pieces, after batch 0's three
+    out, lse, p_out, _ = ref.split_reference(**p, **dict(sched, work_info_set=wis, reduce_partial_map=pmap),
+                                             sm_scale=0.07)
+    o_ref, l_ref = ref.mla_decode_ref(**p, sm_scale=0.07)
+    assert_close(out, o_ref, 1e-12, "out")
+    assert_close(lse, l_ref, 1e-12, "lse")
+    assert p_out.shape[0] == 8 and torch.isnan(p_out[3]).all()   # the gap stays unwritten
 
 
 # ------------------------------------------------------------------------------------------

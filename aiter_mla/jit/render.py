@@ -59,7 +59,7 @@ def template_file(module: ModuleConfig, tdir: Path) -> Path:
     not exist."""
     path = tdir / module.template
     if not path.is_file():
-        override = env.get("AITER_MLA_TEMPLATES_DIR")
+        override = (env.get("AITER_MLA_TEMPLATES_DIR") or "").strip()   # as get_path reads it
         if override and not tdir.is_dir():
             hint = f"AITER_MLA_TEMPLATES_DIR={override} is not a folder: unset it or fix the path"
         elif override:

@@ -120,7 +120,7 @@ def resolve(pin: ThirdPartyPin, cache: Cache, allow_fetch: bool) -> Checkout:
     set, else the cache's fetched copy, fetched now when missing or incomplete and
     ``allow_fetch``. Raises :class:`ThirdPartyError` saying what to do."""
     var = ENV_DIRS.get(pin.name)
-    given = env.get(var) if var else None
+    given = (env.get(var) or "").strip() if var else None   # as get_path reads it
     if given:
         path = env.get_path(var).resolve()
         if not path.is_dir():

@@ -26,6 +26,7 @@ import shlex
 import shutil
 import struct
 import sys
+import time
 import logging
 import weakref
 from dataclasses import dataclass
@@ -308,9 +309,11 @@ def find_compiler(arch: str, identity_dir: Path | None) -> Compiler:
 
 
 _versions: dict[tuple, str] = {}
-# Probes that timed out or failed, by identity: one compiler identity is probed once a
-# process, so a hanging `--version` costs its timeout once, not once per variant looked up.
-_failed_probes: dict[str, str] = {}
+# Probes that timed out or failed, by identity, with when: a hanging `--version` costs its
+# timeout once, not once per variant looked up. Kept for a while only, since the identity does
+# not cover everything a probe depends on (the environment, a slow disk's one-off timeout).
+_failed_probes: dict[str, tuple[str, float]] = {}
+FAILED_PROBE_TTL_S = 60.0
 
 # Absolute paths named in a wrapper script (e.g. /usr/local/bin/nvcc: exec /usr/local/cuda/bin/nvcc)
 _SCRIPT_PATH = re.compile(rb"(/[^\s'\"`;|&$()<>]+)")
@@ -381,8 +384,10 @@ def compiler_version(path: str, identity_dir: Path | None) -> str:
     version = _versions.get(stamp)
     if version is not None:
         return version
-    if stamp in _failed_probes:
-        raise ToolchainError(_failed_probes[stamp])
+    failed = _failed_probes.get(stamp)
+    if failed is not None and time.monotonic() - failed[1] < FAILED_PROBE_TTL_S:
+        raise ToolchainError(f"{failed[0]} (a probe {time.monotonic() - failed[1]:.0f} s ago; "
+                             f"probed again after {FAILED_PROBE_TTL_S:.0f} s)")
     record = None
     if identity_dir is not None:
         record = _version_record(identity_dir, stamp_list)
@@ -402,16 +407,17 @@ def compiler_version(path: str, identity_dir: Path | None) -> str:
         proc = subprocess.run([path, "--version"], capture_output=True, text=True, errors="replace",
                               timeout=30, env=env.child_environ())
     except subprocess.TimeoutExpired as exc:
-        _failed_probes[stamp] = f"could not run {path} --version: {exc}"
-        raise ToolchainError(_failed_probes[stamp]) from None
+        why = f"could not run {path} --version: {exc}"
+        _failed_probes[stamp] = (why, time.monotonic())
+        raise ToolchainError(why) from None
     except OSError as exc:   # may pass (a busy file, no process slot): probed again next time
         raise ToolchainError(f"could not run {path} --version: {exc}") from None
     if proc.returncode != 0:
         # one line: the output's last line says why (a whole banner would bury the reason)
         last = ((proc.stderr or proc.stdout).strip().splitlines() or [""])[-1][-200:]
-        _failed_probes[stamp] = (f"{path} --version failed with exit status {proc.returncode}"
-                                 + (f": {last}" if last else ""))
-        raise ToolchainError(_failed_probes[stamp])
+        why = f"{path} --version failed with exit status {proc.returncode}" + (f": {last}" if last else "")
+        _failed_probes[stamp] = (why, time.monotonic())
+        raise ToolchainError(why)
     version = (proc.stdout + proc.stderr).strip()
     _versions[stamp] = version
     # Remembered only inside a cache root a build has made (it has entries/): a lookup (jit
