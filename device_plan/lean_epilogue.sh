@@ -14,4 +14,4 @@ nvidia-smi --query-gpu=name,clocks.sm,power.draw,power.limit --format=csv,nohead
 timeout ${AB_S:-110} python3 scripts/template_ab.py --arm main= --arm lean=.ab/lean --rounds 3 -j 16 --check-requests 1 \
   --case "fp8 128,1 b1 c21" --case "fp8 128,1 b256 c21" --case "fp8 128,1 b64 c3200" --case "bf16 128,1 b1 c21" \
   --case "fp8 16,1 b256 c21" --case "fp8 16,1 b64 c3200" --case "fp8 16,1 b128 c8192" \
-  -o "$OUT/ab" > "$OUT/ab.log" 2>&1; echo "ab rc=$?"; grep -E "^\| (fp8|bf16|case)" "$OUT/ab.log" | head -5
+  -o "$OUT/ab" > "$OUT/ab.log" 2>&1; echo "ab rc=$?"; grep -E "^\| (fp8|bf16|case)" "$OUT/ab.log" | head -9
