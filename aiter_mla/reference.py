@@ -427,8 +427,7 @@ def split_reference(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page
         if loc >= 0 and loc + rows > bound:
             raise ValueError(f"work {w0 + i}: partial_qo_loc={loc} puts its {rows} partial rows outside "
                              f"[0, {bound}) ({len(split)} split works x their most rows)")
-    n_partial = max([w[WI["partial_qo_loc"]] + w[WI["qo_end"]] - w[WI["qo_start"]]
-                     for w in works if w[WI["partial_qo_loc"]] >= 0], default=0)
+    n_partial = max([w[WI["partial_qo_loc"]] + w[WI["qo_end"]] - w[WI["qo_start"]] for w in split], default=0)
     dev = pb.device
     nan = float("nan")
     out = torch.full((pb.total_q, H, V_HEAD_DIM), nan, dtype=torch.float64, device=dev)
