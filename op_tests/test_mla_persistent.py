@@ -233,6 +233,32 @@ def check(name, c: Case, o, lse):
 #: warpgroup_works 160 B; alternating none (at its first build). The bounds leave a little room and catch a loop that
 #: starts spilling more.
 DEFAULT_VARIANT_STACK_BOUND = {"tile_pairs": 96, "warpgroup_works": 168, "alternating": 0}
+#: The same at page size 1 (16-byte cp.async copies, more live state), measured at cba5a86:
+#: tile_pairs 136 B, warpgroup_works 144-160 B, alternating none.
+PAGE1_VARIANT_STACK_BOUND = {"tile_pairs": 152, "warpgroup_works": 184, "alternating": 0}
+
+
+def _variant_stack(lib: str, cuobjdump: str) -> int:
+    """The largest per-thread stack (bytes) of a built module's kernels; asserts no LOCAL."""
+    import re
+    import subprocess
+
+    res = subprocess.run([cuobjdump, "-res-usage", lib], capture_output=True, text=True, check=True).stdout
+    stacks = [int(m) for m in re.findall(r"STACK:(\d+)", res)]
+    assert stacks, res
+    assert "LOCAL:0" in res, res
+    return max(stacks)
+
+
+def _user_build(monkeypatch) -> None:
+    """The build users get: a test run's extra flags (a pipeline spin limit, whose trap path
+    spills) are left out; skips without nvcc."""
+    import shutil
+
+    for name in ("AITER_MLA_EXTRA_NVCC_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS"):
+        monkeypatch.delenv(name, raising=False)
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
 
 
 @pytest.mark.parametrize("heads,dtype", [(128, "fp8"), (64, "fp8"), (16, "fp8"), (128, "bf16"), (64, "bf16")])
@@ -243,17 +269,11 @@ def test_default_decode_variant_builds_with_wgmma(private_cache, cuobjdump_sass,
     its per-thread stack stays within DEFAULT_VARIANT_STACK_BOUND; the bf16 loop's V halves arrive as
     3-D TMA boxes. The build is the one users
     get: a test run's extra flags (a pipeline spin limit, whose trap path spills) are left out."""
-    import re
-    import shutil
     import subprocess
 
     from aiter_mla.jit import get_module
 
-    for name in ("AITER_MLA_EXTRA_NVCC_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS"):
-        monkeypatch.delenv(name, raising=False)
-
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc is not on PATH")
+    _user_build(monkeypatch)
     v = dec.decode_variant(heads, 1, 64, DTYPES[dtype], DTYPES[dtype])
     lib = str(get_module("mla_decode", **v).lib_path)
     cuobjdump = cuobjdump_sass
@@ -267,12 +287,23 @@ def test_default_decode_variant_builds_with_wgmma(private_cache, cuobjdump_sass,
     assert 3 * n_wait < n_mma, f"{v}: {n_wait} wgmma waits for {n_mma} MMAs: ptxas serialised them"
     # the bf16 loop copies each of V's halves as one 3-D TMA box at page 64; the fp8 loops use 2-D boxes
     assert ("UTMALDG.3D" in sass) == (dtype == "bf16"), f"{v}: 3-D TMA copies {'missing' if dtype == 'bf16' else 'present'}"
-    res = subprocess.run([cuobjdump, "-res-usage", lib], capture_output=True, text=True, check=True).stdout
-    stacks = [int(m) for m in re.findall(r"STACK:(\d+)", res)]
-    assert stacks, res
-    bound = DEFAULT_VARIANT_STACK_BOUND[v["mainloop"]]
-    assert max(stacks) <= bound, f"{v}: stack {max(stacks)} B > {bound} B (spills grew)"
-    assert "LOCAL:0" in res, res
+    stack, bound = _variant_stack(lib, cuobjdump), DEFAULT_VARIANT_STACK_BOUND[v["mainloop"]]
+    assert stack <= bound, f"{v}: stack {stack} B > {bound} B (spills grew)"
+
+
+@pytest.mark.parametrize("heads,qlen,dtype", [(128, 1, "fp8"), (128, 2, "fp8"), (16, 2, "fp8"), (128, 2, "bf16")])
+def test_page_size_1_decode_variant_stack_stays_bounded(private_cache, cuobjdump_sass, heads, qlen, dtype,
+                                                        monkeypatch):
+    """The stack bound above covers page 64 only; a change that spilled more at page size 1
+    (tile_pairs 136 -> 176 B, found in a review) passed it. The page-1 variants mla_decode_fwd
+    picks (causal where qlen > 1) stay within PAGE1_VARIANT_STACK_BOUND."""
+    from aiter_mla.jit import get_module
+
+    _user_build(monkeypatch)
+    v = dec.decode_variant(heads, qlen, 1, DTYPES[dtype], DTYPES[dtype])
+    stack = _variant_stack(str(get_module("mla_decode", **v).lib_path), cuobjdump_sass)
+    bound = PAGE1_VARIANT_STACK_BOUND[v["mainloop"]]
+    assert stack <= bound, f"{v}: stack {stack} B > {bound} B (spills grew)"
 
 
 def test_cluster_count_arguments_are_checked():
