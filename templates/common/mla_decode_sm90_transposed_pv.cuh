@@ -223,9 +223,6 @@ __device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], Ro
   }
   wg::consumer_sync();   // row_inv of all 64 rows
   const int64_t row0 = (split ? (int64_t)w.partial_qo_loc : (int64_t)w.qo_start) * num_heads + row_base;
-  // Each value v0, v1 of row r at column col, to `store`. The split test stays outside this
-  // loop: inside it, every thread issued both kinds of store, one predicated off, and the
-  // epilogue's length decides a short work's time (docs/perf/rows_split_epilogue_h100.md).
   // The 16 factors read at once (one shared-memory latency, not 16 in turn). (Predicating each
   // store on its row instead of the `continue` spilled more at page size 1: 176 B of stack.)
   float f[8][2];
@@ -233,6 +230,7 @@ __device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], Ro
   for (int i = 0; i < 8; ++i)
 #pragma unroll
     for (int e = 0; e < 2; ++e) f[i][e] = row_inv[8 * i + 2 * (lane & 3) + e];
+  // Each value v0, v1 of row r at column col, to `store` (fp8::store_pairs picks it).
   auto each_pair = [&](auto&& store) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -248,13 +246,7 @@ __device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], Ro
       }
     }
   };
-  if (split) {
-    each_pair([&](int64_t at, float v0, float v1) { *reinterpret_cast<float2*>(split_out + at) = make_float2(v0, v1); });
-  } else {
-    each_pair([&](int64_t at, float v0, float v1) {
-      *reinterpret_cast<__nv_bfloat162*>(out + at) = __floats2bfloat162_rn(v0, v1);
-    });
-  }
+  fp8::store_pairs(each_pair, split, split_out, out);
 }
 
 }  // namespace transposed_pv

@@ -331,7 +331,7 @@ __device__ __forceinline__ void write_output(const float (&o)[32][4], RowState8&
       }
     }
   }
-  // The split test outside the store loop, as in transposed_pv::write_output.
+  // Each value pair of row n at column col, to `store` (fp8::store_pairs picks it).
   auto each_pair = [&](auto&& store) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -348,13 +348,7 @@ __device__ __forceinline__ void write_output(const float (&o)[32][4], RowState8&
       }
     }
   };
-  if (split) {
-    each_pair([&](int64_t at, float v0, float v1) { *reinterpret_cast<float2*>(split_out + at) = make_float2(v0, v1); });
-  } else {
-    each_pair([&](int64_t at, float v0, float v1) {
-      *reinterpret_cast<__nv_bfloat162*>(out + at) = __floats2bfloat162_rn(v0, v1);
-    });
-  }
+  fp8::store_pairs(each_pair, split, split_out, out);
 }
 
 // This warpgroup's 32 Q rows (CTA rows 32 wgi ..; q row q_row0 + row), rows at or past
