@@ -237,8 +237,10 @@ __device__ __forceinline__ void row_totals(RowState& st, uint8_t* smem, bool spl
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = st.l[h] + red_sum[(half ^ 1) * kRows + r0 + 8 * h];
-    inv[h] = l > 0.f ? out_scale / l : 0.f;
-    lse[h] = l > 0.f ? (st.m[h] + log2f(l)) * 0.69314718055994531f : (split ? -INFINITY : INFINITY);
+    // the special-function unit's reciprocal and log2 (errors ~2^-22): the IEEE division
+    // and log2f are long dependent sequences on a short work's critical path
+    inv[h] = l > 0.f ? __fdividef(out_scale, l) : 0.f;
+    lse[h] = l > 0.f ? (st.m[h] + __log2f(l)) * 0.69314718055994531f : (split ? -INFINITY : INFINITY);
   }
 }
 

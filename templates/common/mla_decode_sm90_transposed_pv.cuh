@@ -223,6 +223,13 @@ __device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], Ro
   }
   wg::consumer_sync();   // row_inv of all 64 rows
   const int64_t row0 = (split ? (int64_t)w.partial_qo_loc : (int64_t)w.qo_start) * num_heads + row_base;
+  // The 16 factors read at once (one shared-memory latency, not 16 in turn). (Predicating each
+  // store on its row instead of the `continue` spilled more at page size 1: 176 B of stack.)
+  float f[8][2];
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) f[i][e] = row_inv[8 * i + 2 * (lane & 3) + e];
   // Each value v0, v1 of row r at column col, to `store` (fp8::store_pairs picks it).
   auto each_pair = [&](auto&& store) {
 #pragma unroll
@@ -231,11 +238,10 @@ __device__ __forceinline__ void write_output(const float (&o)[C::kOTiles][4], Ro
       for (int e = 0; e < 2; ++e) {
         const int r = 8 * i + 2 * (lane & 3) + e;
         if (r >= w.valid_rows) continue;
-        const float f = row_inv[r];
 #pragma unroll
         for (int mb = 0; mb < C::kMBlocks; ++mb) {
           const int col = 16 * (16 * half + 4 * mb + group) + 2 * (lane >> 2);
-          store((row0 + r) * kVDim + col, o[8 * mb + i][e] * f, o[8 * mb + i][e + 2] * f);
+          store((row0 + r) * kVDim + col, o[8 * mb + i][e] * f[i][e], o[8 * mb + i][e + 2] * f[i][e]);
         }
       }
     }

@@ -321,9 +321,9 @@ __device__ __forceinline__ void write_output(const float (&o)[32][4], RowState8&
     const int n = 8 * (q >> 1) + 2 * r + (q & 1);
     const float4 t = *reinterpret_cast<const float4*>(red + n * 4);
     const float l = (t.x + t.y) + (t.z + t.w);
-    inv[q] = l > 0.f ? out_scale / l : 0.f;
+    inv[q] = l > 0.f ? __fdividef(out_scale, l) : 0.f;   // the SFU's, as mla::row_totals
     if (wp == 0 && j == 0 && n < rows) {
-      const float lse = l > 0.f ? (st.m[q] + log2f(l)) * 0.69314718055994531f : (split ? -INFINITY : INFINITY);
+      const float lse = l > 0.f ? (st.m[q] + __log2f(l)) * 0.69314718055994531f : (split ? -INFINITY : INFINITY);
       if (split) {
         split_lse[row0 + n] = lse;
       } else if (final_lse != nullptr) {
@@ -338,11 +338,12 @@ __device__ __forceinline__ void write_output(const float (&o)[32][4], RowState8&
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
         const int n = 8 * i + 2 * r + b, q = 2 * i + b;
-        if (n >= rows) continue;
+        const bool live = n < rows;   // a predicate on each store, not a branch around the row
 #pragma unroll
         for (int mb = 0; mb < C::kMBlocks; ++mb) {
           const int col = 16 * (4 * mb + wp) + 2 * j;
-          store((row0 + n) * kVDim + col, o[4 * mb + i][b] * inv[q], o[4 * mb + i][b + 2] * inv[q]);
+          const float v0 = o[4 * mb + i][b] * inv[q], v1 = o[4 * mb + i][b + 2] * inv[q];
+          if (live) store((row0 + n) * kVDim + col, v0, v1);
         }
       }
     }

@@ -138,7 +138,8 @@ __device__ __forceinline__ void merge_rows(const float* split_out, const float* 
 #pragma unroll
           for (int j = 0; j < kRowsPerPass; ++j) {
             const int r = warp + kWarps * (k0 + j);
-            if (r < rows && m[k0 + j] != -INFINITY) wt[j] = __expf(__ldcg(split_lse + base + r) - m[k0 + j]) / l[k0 + j];
+            // the SFU's division (l is in [1, pieces]): the IEEE one is a slow-path call
+            if (r < rows && m[k0 + j] != -INFINITY) wt[j] = __fdividef(__expf(__ldcg(split_lse + base + r) - m[k0 + j]), l[k0 + j]);
           }
         }
         const int cnt = min(32, n - c);
