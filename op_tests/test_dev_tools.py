@@ -107,6 +107,12 @@ def test_parse_case_values_and_label():
     assert (c.heads, c.qlen, c.batch, c.ctx, c.page_size, c.varlen) == (64, 2, 4, 100, 16, True)
     assert c.label == "fp8 64,2 b4 c100 p16 varlen" and ab.parse_case(c.label) == c
     assert c.as_dict()["case"] == c.label and c.as_dict()["page_size"] == 16
+    c = ab.parse_case("bf16 16,1 b64 c3200 s2")   # a plan with its own split cap
+    assert c.max_split_per_batch == 2 and c.split_cap(132) == 2
+    assert c.label == "bf16 16,1 b64 c3200 s2" and ab.parse_case(c.label) == c
+    # without sN: the bench's cap (32; min(ceil(num_CU / batch), 32) at >= 128 heads)
+    assert ab.parse_case("bf16 16,1 b64 c3200").split_cap(132) == 32
+    assert ab.parse_case("fp8 128,1 b64 c3200").split_cap(132) == 3
 
 
 @pytest.mark.parametrize("text, words", [

@@ -20,8 +20,10 @@ the template parameters this checkout passes; its own config refuses them when i
 against this checkout's ``jit_config.json``.
 NAME is letters, digits and ``_.-``.
 
-Cases (``--case``, repeatable, at least one): ``"DTYPE HEADS,QLEN bBATCH cCTX [pPAGE] [varlen]"``,
+Cases (``--case``, repeatable, at least one): ``"DTYPE HEADS,QLEN bBATCH cCTX [pPAGE] [sSPLITS] [varlen]"``,
 e.g. ``"fp8 128,1 b64 c3200"`` (Q and KV both DTYPE, fp8 or bf16; page 64 unless ``pPAGE``;
+``sSPLITS``: the plan's ``max_split_per_batch``, else the bench's (``sweep.max_split_per_batch``),
+so one run can time two schedules of one point;
 ``varlen``: log-normal lengths with mean CTX, as ``aiter-mla bench --varlen``). The inputs are
 the bench's row for that point (``aiter_mla.bench.sweep``: same seeds, same KV pool, page
 tables and rotation), made once and shared by every arm.
@@ -118,6 +120,15 @@ class Case:
     ctx: int
     page_size: int = DEFAULT_PAGE_SIZE
     varlen: bool = False
+    max_split_per_batch: int | None = None   # None: the bench's cap
+
+    def split_cap(self, num_cu: int) -> int:
+        """The plan's ``max_split_per_batch``: the case's, else the bench's for this point."""
+        from aiter_mla.bench import sweep
+
+        if self.max_split_per_batch is not None:
+            return self.max_split_per_batch
+        return sweep.max_split_per_batch(self.heads, self.batch, num_cu)
 
     @property
     def label(self) -> str:
@@ -125,6 +136,8 @@ class Case:
         s = f"{self.dtype} {self.heads},{self.qlen} b{self.batch} c{self.ctx}"
         if self.page_size != DEFAULT_PAGE_SIZE:
             s += f" p{self.page_size}"
+        if self.max_split_per_batch is not None:
+            s += f" s{self.max_split_per_batch}"
         return s + (" varlen" if self.varlen else "")
 
     def as_dict(self) -> dict:
@@ -174,12 +187,12 @@ def _int_token(text: str, token: str, prefix: str, what: str) -> int:
 
 
 def parse_case(text: str) -> Case:
-    """``"DTYPE HEADS,QLEN bBATCH cCTX [pPAGE] [varlen]"`` -> :class:`Case` (HEADS,QLEN may be
+    """``"DTYPE HEADS,QLEN bBATCH cCTX [pPAGE] [sSPLITS] [varlen]"`` -> :class:`Case` (HEADS,QLEN may be
     in parentheses). SpecError naming --case for anything else. The shape is checked against
     the op's supported list by :func:`case_variants`, not here."""
     toks = text.split()
     if len(toks) < 4:
-        raise SpecError(f"--case {text!r}: expected 'DTYPE HEADS,QLEN bBATCH cCTX [pPAGE] [varlen]', "
+        raise SpecError(f"--case {text!r}: expected 'DTYPE HEADS,QLEN bBATCH cCTX [pPAGE] [sSPLITS] [varlen]', "
                         f"e.g. 'fp8 128,1 b64 c3200'")
     dtype, shape, rest = toks[0], toks[1], toks[2:]
     if dtype not in DTYPES:
@@ -197,9 +210,10 @@ def parse_case(text: str) -> Case:
             varlen = True
             continue
         key = tok[:1]
-        what = {"b": "batch", "c": "ctx in tokens", "p": "page size"}.get(key)
+        what = {"b": "batch", "c": "ctx in tokens", "p": "page size",
+                "s": "max_split_per_batch"}.get(key)
         if what is None:
-            raise SpecError(f"--case {text!r}: unknown item {tok!r} (expected bN, cN, pN or varlen)")
+            raise SpecError(f"--case {text!r}: unknown item {tok!r} (expected bN, cN, pN, sN or varlen)")
         if key in got:
             raise SpecError(f"--case {text!r}: {what} is given twice")
         got[key] = _int_token(text, tok, key, what)
@@ -211,7 +225,7 @@ def parse_case(text: str) -> Case:
         raise SpecError(f"--case {text!r}: the page size must be a power of two in 1..256, got {page}")
     if got["c"] < qlen:
         raise SpecError(f"--case {text!r}: ctx {got['c']} is shorter than qlen {qlen} (causal decode)")
-    return Case(dtype, heads, qlen, got["b"], got["c"], page, varlen)
+    return Case(dtype, heads, qlen, got["b"], got["c"], page, varlen, got.get("s"))
 
 
 def parse_cases(texts) -> list[Case]:
@@ -264,7 +278,7 @@ from aiter_mla.bench.commands import positive_int  # noqa: E402  (the bench's ow
 def add_case_arguments(p: argparse.ArgumentParser) -> None:
     """--case and --seed (shared with scripts/phase_budget.py)."""
     p.add_argument("--case", action="append", required=True, metavar="CASE",
-                   help="'DTYPE HEADS,QLEN bBATCH cCTX [pPAGE] [varlen]', e.g. 'fp8 128,1 b64 c3200' "
+                   help="'DTYPE HEADS,QLEN bBATCH cCTX [pPAGE] [sSPLITS] [varlen]', e.g. 'fp8 128,1 b64 c3200' "
                         "(repeatable)")
     p.add_argument("--seed", type=int, default=0, help="input seed, as aiter-mla bench --seed (default 0)")
     p.add_argument("--commit", default=None,
@@ -540,7 +554,7 @@ def make_case_runs(cases: list[Case], params: list[dict], seed: int = 0) -> list
     runs = []
     for c, p, s in zip(cases, params, specs):
         ri = sweep.make_row_inputs(s, ctxs[c.dtype])
-        plan = sweep._Plan(ri, sweep.max_split_per_batch(c.heads, c.batch, num_cu))
+        plan = sweep._Plan(ri, c.split_cap(num_cu))
         floor = formulas.floor_us(s.flops, s.bytes, NOMINAL_CEILINGS, c.dtype, c.dtype)
         per_graph = sweep.calls_per_graph(max(1.5 * floor, 8.0))
         runs.append(CaseRun(c, p, s, ri, plan, per_graph))
