@@ -242,6 +242,15 @@ def test_a_path_variable_with_an_unknown_user(fake_jit, capsys, monkeypatch, var
             get_module("convert_fp8", arch="sm_90a", out_dtype="bf16")
 
 
+def _info_with(monkeypatch, capsys, var: str, value) -> tuple[int, list[str], str]:
+    """`aiter-mla info` with ``var`` set to ``value``: (exit status, problem lines, stdout)."""
+    monkeypatch.setenv(var, str(value))
+    core.reset_state()
+    rc = main(["info"])
+    out = capsys.readouterr().out
+    return rc, [line for line in out.splitlines() if line.startswith("problem:")], out
+
+
 @pytest.mark.parametrize("kind", ["missing", "file", "empty"])
 def test_info_reports_an_unusable_templates_folder(fake_jit, capsys, monkeypatch, tmp_path, kind):
     """AITER_MLA_TEMPLATES_DIR naming no folder, a file or a folder without the templates:
@@ -252,11 +261,8 @@ def test_info_reports_an_unusable_templates_folder(fake_jit, capsys, monkeypatch
         target.write_text("x")
     elif kind == "empty":
         target.mkdir()
-    monkeypatch.setenv("AITER_MLA_TEMPLATES_DIR", str(target))
-    core.reset_state()
-    assert main(["info"]) == 1
-    out = capsys.readouterr().out
-    problems = [line for line in out.splitlines() if line.startswith("problem:")]
+    rc, problems, out = _info_with(monkeypatch, capsys, "AITER_MLA_TEMPLATES_DIR", target)
+    assert rc == 1
     want = {"missing": "no such folder: every module fails to render",
             "file": "a file, not a folder: every module fails to render",
             "empty": "lacks 1 of the 1 module templates (fake.cu.j2): those modules fail to render"}[kind]
@@ -706,3 +712,30 @@ def test_list_and_clear_survive_a_meta_json_that_is_not_an_object(fake_jit, caps
     out = capsys.readouterr().out   # named as damaged, not left out
     assert f"1 damaged entry whose meta.json is unreadable" in out and meta.parent.name[:12] in out
     assert main(["jit", "clear", "fake"]) == 0
+
+
+def test_info_reports_a_pin_folder_variable_that_does_not_work(fake_jit, capsys, monkeypatch, tmp_path):
+    """HIP_KITTENS_DIR naming no folder: info showed the pin as "not available" and exited 0
+    with no problem line (fresh-user report). A set variable that names no usable checkout is
+    a problem (exit 1); an unset one only means the pin is not fetched yet."""
+    missing = tmp_path / "no_checkout"
+    assert main(["info"]) == 0
+    capsys.readouterr()
+    rc, problems, out = _info_with(monkeypatch, capsys, "HIP_KITTENS_DIR", missing)
+    assert rc == 1
+    assert problems == [f"problem: HipKittens pin (HIP_KITTENS_DIR): HIP_KITTENS_DIR={str(missing)!r} "
+                        f"is not a folder"], out
+
+
+def test_list_fails_on_a_variant_that_cannot_be_rendered(fake_jit, capsys):
+    """A template that does not render (here a Jinja syntax error; on a --no-deps install, no
+    jinja2): every variant showed [unknown] and list exited 0 (fresh-user report). Now it names
+    the failure on stderr and exits 1; a missing toolchain stays a fact, not a failure."""
+    assert main(["jit", "list"]) == 0
+    capsys.readouterr()
+    (fake_jit.templates / "fake.cu.j2").write_text("{% if %}\n")
+    core.reset_state()
+    assert main(["jit", "list"]) == 1
+    captured = capsys.readouterr()
+    assert "variant(s) cannot be rendered, first fake:" in captured.err, captured.err
+    assert "[unknown]" in captured.out

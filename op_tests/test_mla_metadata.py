@@ -728,6 +728,13 @@ def test_op_argument_checks(monkeypatch):
     bufs[1] = bufs[1].to(torch.int64)
     with pytest.raises(TypeError, match="work_indptr must have dtype torch.int32, got torch.int64"):
         call_op(bufs, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
+    # a transposed work_info_set: the message gives the shape and stride (fresh-user report)
+    bufs = alloc(info)
+    wt = bufs[2].t().contiguous().t()
+    bufs[2] = wt
+    with pytest.raises(ValueError, match=re.escape(f"work_info_set must be contiguous, got shape "
+                                                   f"{tuple(wt.shape)} and stride {wt.stride()}")):
+        call_op(bufs, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
     with pytest.raises(TypeError, match="seqlens_kv_indptr must have dtype torch.int32, got torch.int64"):
         b = alloc(info)
         md.get_mla_metadata_v1(torch.tensor(qo, dtype=torch.int32), torch.tensor(kv),

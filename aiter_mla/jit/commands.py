@@ -497,7 +497,15 @@ def cmd_list(args) -> int:
                                if isinstance(v["params"], dict) and v["params"].get("arch") == args.arch]
     # a missing template is a failure (README: every command exits non-zero on one), listed anyway
     missing = [mod["template"] for mod in rows if not mod["template_exists"]]
-    rc = 1 if missing else 0
+    # a default variant whose key cannot be made for another reason than a missing toolchain
+    # (a fact of the machine) cannot be rendered: jinja2 missing, a broken template
+    broken = [f"{mod['module']}: {v['note']}" for mod in rows if mod["template_exists"]
+              for v in mod["variants"] if v["default"] and v["status"] == "unknown"
+              and not str(v["note"]).startswith("no toolchain")]
+    rc = 1 if missing or broken else 0
+    if broken:
+        print(f"aiter-mla jit list: error: {len(broken)} variant(s) cannot be rendered, first "
+              f"{broken[0]}", file=sys.stderr)
     if missing:
         where = templates_dir()
         origin = " (AITER_MLA_TEMPLATES_DIR)" if env.is_set("AITER_MLA_TEMPLATES_DIR") else ""
@@ -757,6 +765,11 @@ def cmd_info(args) -> int:
             entry.update(status="ok", path=str(co.path), origin=co.origin)
         except (third_party.ThirdPartyError, OSError, ValueError) as exc:
             entry.update(status="not available", detail=str(exc))
+            var = third_party.ENV_DIRS.get(name)
+            if var is not None and env.is_set(var) and not any(var in p for p in problems):
+                # a set variable that names no usable checkout (an unset one only means "not
+                # fetched yet")
+                problems.append(f"{name} pin ({var}): {exc}")
         pins[name] = entry
     cache = _root_summary(st.cache)
     cache_note = None

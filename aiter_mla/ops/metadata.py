@@ -307,7 +307,7 @@ def _check_buffer(t, name: str, dtype, min_rows: int, cols: int | None, device,
     if t.device != device:
         raise ValueError(f"{name} must be on {device}, got {t.device}")
     if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
+        raise ValueError(f"{name} must be contiguous, got shape {tuple(t.shape)} and stride {t.stride()}")
     if cols is None:
         if t.dim() != 1:
             raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
