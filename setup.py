@@ -15,12 +15,15 @@ class BuildPyWithData(build_py):
     """build_py that also copies templates/ and jit_config.json into aiter_mla/_data/."""
 
     def run(self):
+        editable = getattr(self, "editable_mode", False)
+        if not editable:
+            # a stale build/ never mixes in old modules or templates (build_py only adds and
+            # overwrites: a module deleted from the package stayed in every later wheel)
+            shutil.rmtree(Path(self.build_lib) / "aiter_mla", ignore_errors=True)
         super().run()
-        if getattr(self, "editable_mode", False):
+        if editable:
             return   # the checkout's own files are used (aiter_mla/paths.py)
         data = Path(self.build_lib) / "aiter_mla" / "_data"
-        if data.exists():
-            shutil.rmtree(data)   # a stale build/ never mixes old templates in
         shutil.copytree(ROOT / "templates", data / "templates",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         shutil.copy2(ROOT / "jit_config.json", data / "jit_config.json")

@@ -51,6 +51,10 @@ def installed_wheel(tmp_path_factory):
         if (paths.REPO_ROOT / rel).is_file():
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(paths.REPO_ROOT / rel, src / rel)
+    # a module left in build/ by an earlier build of a checkout that has since deleted it
+    stale = src / "build" / "lib" / "aiter_mla" / "zz_stale_module.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("STALE = 1\n")
     built = _run(["wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(src)])
     if built.returncode != 0:
         tail = (built.stderr.strip().splitlines() or ["?"])[-1]
@@ -87,6 +91,8 @@ def test_wheel_carries_the_templates_and_the_config(installed_wheel):
     for t in ("mla_decode.cu.j2", "mla_metadata.cu.j2", "mla_reduce.cu.j2", "convert_fp8.cu.j2",
               "common/mla_decode_sm90.cuh", "common/aiter_mla_errors.cuh"):
         assert f"aiter_mla/_data/templates/{t}" in names, t
+    # a stale build/ adds nothing (fresh-user report: a deleted module stayed in later wheels)
+    assert not any(n.startswith("aiter_mla/zz_stale") for n in names)
     shipped = json.loads(zipfile.ZipFile(wheel).read("aiter_mla/_data/jit_config.json"))
     assert shipped == json.loads((paths.REPO_ROOT / "jit_config.json").read_text())
 
