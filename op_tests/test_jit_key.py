@@ -81,6 +81,17 @@ def test_included_header_byte_changes_key_transitively(fake_jit):
     assert k() != before
 
 
+def test_header_of_a_computed_include_changes_key(fake_jit):
+    """`#include MACRO` names its file through the preprocessor: an edit of that header kept the
+    key, so a stale build was loaded (fresh-user report). Every file of the templates folder is
+    then in the key."""
+    t = fake_jit.templates / "fake.cu.j2"
+    t.write_text(t.read_text() + '#define FAKE_HDR "common/unrelated.cuh"\n#include FAKE_HDR\n')
+    before = k()
+    _flip_byte(fake_jit.templates / "common" / "unrelated.cuh", "UNRELATED 1", "UNRELATED 2")
+    assert k() != before
+
+
 def test_unrelated_header_does_not_change_key(fake_jit):
     before = k()
     _flip_byte(fake_jit.templates / "common" / "unrelated.cuh", "UNRELATED 1", "UNRELATED 2")

@@ -5,7 +5,8 @@ The manifest holds only inputs that change the artifact (docs/DESIGN.md §3.1):
 - key schema version, package version and a hash of the code that shapes a build
   (render.py, key.py, toolchain.py and work_info.py, whose constants every template gets);
 - module name and parameters, the template's bytes, the rendered source's hash, and the hash
-  of every header under ``templates/`` that the source includes;
+  of every header under ``templates/`` that the source includes (every file there when it has
+  a computed ``#include MACRO``);
 - pinned third-party libraries the module lists: commit and tree hash;
 - the compiler's identity (kind, path, ``--version`` output), the full flag list, the arch;
 - the host (OS, machine): a C-ABI library does not depend on Python's or torch's version;

@@ -121,18 +121,25 @@ def render(module: ModuleConfig, params: dict[str, Any], tdir: Path) -> Rendered
 
 
 _INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.MULTILINE)
+# a computed include (`#include MACRO`): which file it names is the preprocessor's to decide
+_COMPUTED_INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+[A-Za-z_]', re.MULTILINE)
 
 
 def included_headers(text: str, tdir: Path) -> dict[str, str]:
     """``{path relative to tdir: sha256}`` of every file under ``tdir`` that ``text`` includes,
     followed transitively (``"x"`` looks beside the including file, then in ``tdir``;
     ``<x>`` in ``tdir``, as ``-I templates`` does). Includes inside ``#if`` count too: a
-    spare header in the key costs a rebuild at worst, a missing one a stale binary."""
+    spare header in the key costs a rebuild at worst, a missing one a stale binary. For the
+    same reason a computed include (``#include MACRO``) anywhere puts every file under
+    ``tdir`` in the key."""
     root = tdir.resolve()
     found: dict[str, str] = {}
     pending: list[tuple[str, Path]] = [(text, root)]
     while pending:
         body, base = pending.pop()
+        if _COMPUTED_INCLUDE_RE.search(body):
+            return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                    for p in sorted(root.rglob("*")) if p.is_file()}
         for kind, name in _INCLUDE_RE.findall(body):
             candidates = ([base / name] if kind == '"' else []) + [root / name]
             for cand in candidates:
