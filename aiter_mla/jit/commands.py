@@ -27,7 +27,7 @@ from ..bench.commands import positive_int
 from . import core, third_party
 from .cache import is_cache_key
 from .config import ParamError, UnknownModuleError, load_config, templates_dir
-from .render import describe, render
+from .render import RenderError, describe, render
 from .toolchain import ToolchainError, find_compiler, interruptible
 
 
@@ -381,6 +381,9 @@ def cmd_render(args) -> int:
     return 0
 
 
+_CANNOT_RENDER = "cannot render"
+
+
 def _cache_status(name: str, params: dict) -> tuple[str, str]:
     """('cached'|'corrupt'|'missing'|'unknown', key or reason). A corrupt entry is moved
     aside and rebuilt by the next build or load of the variant."""
@@ -390,6 +393,8 @@ def _cache_status(name: str, params: dict) -> tuple[str, str]:
         if not env.get_flag("AITER_MLA_DISABLE_JIT"):
             return "unknown", f"no toolchain: {exc}"
         return _status_without_compiler(name, params)
+    except (RenderError, ImportError) as exc:   # a broken template, or no jinja2
+        return "unknown", f"{_CANNOT_RENDER}: {exc}"
     except Exception as exc:
         return "unknown", str(exc)
     st = core._get_state()
@@ -497,11 +502,14 @@ def cmd_list(args) -> int:
                                if isinstance(v["params"], dict) and v["params"].get("arch") == args.arch]
     # a missing template is a failure (README: every command exits non-zero on one), listed anyway
     missing = [mod["template"] for mod in rows if not mod["template_exists"]]
-    # a default variant whose key cannot be made for another reason than a missing toolchain
-    # (a fact of the machine) cannot be rendered: jinja2 missing, a broken template
-    broken = [f"{mod['module']}: {v['note']}" for mod in rows if mod["template_exists"]
-              for v in mod["variants"] if v["default"] and v["status"] == "unknown"
-              and not str(v["note"]).startswith("no toolchain")]
+    # a default variant that cannot be rendered (a broken template, no jinja2) fails every
+    # build of it; not under AITER_MLA_DISABLE_JIT, where loads go through the lookup index and
+    # render nothing, nor for an experimental module that is not enabled
+    broken = [] if env.get_flag("AITER_MLA_DISABLE_JIT") else [
+        f"{mod['module']}: {v['note']}" for mod in rows if mod["template_exists"]
+        and (not mod["experimental"] or is_experimental_enabled())
+        for v in mod["variants"] if v["default"] and v["status"] == "unknown"
+        and str(v["note"]).startswith(_CANNOT_RENDER)]
     rc = 1 if missing or broken else 0
     if broken:
         print(f"aiter-mla jit list: error: {len(broken)} variant(s) cannot be rendered, first "
@@ -766,9 +774,11 @@ def cmd_info(args) -> int:
         except (third_party.ThirdPartyError, OSError, ValueError) as exc:
             entry.update(status="not available", detail=str(exc))
             var = third_party.ENV_DIRS.get(name)
-            if var is not None and env.is_set(var) and not any(var in p for p in problems):
-                # a set variable that names no usable checkout (an unset one only means "not
-                # fetched yet")
+            if (var is not None and env.is_set(var) and not any(var in p for p in problems)
+                    and any(name in m.third_party for m in cfg.modules.values())):
+                # a set variable that names no usable checkout for a pin a module builds with
+                # (an unset one only means "not fetched yet"; one no module uses, e.g. for
+                # AITER's own checkout, costs no build)
                 problems.append(f"{name} pin ({var}): {exc}")
         pins[name] = entry
     cache = _root_summary(st.cache)
