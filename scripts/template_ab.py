@@ -528,6 +528,7 @@ class CaseRun:
     ri: object          # aiter_mla.bench.sweep.RowInputs
     plan: object        # aiter_mla.bench.sweep._Plan
     per_graph: int
+    split_cap: int = -1  # the plan's max_split_per_batch (the case's sN, else the bench's)
     ref: tuple | None = None
 
 
@@ -554,10 +555,11 @@ def make_case_runs(cases: list[Case], params: list[dict], seed: int = 0) -> list
     runs = []
     for c, p, s in zip(cases, params, specs):
         ri = sweep.make_row_inputs(s, ctxs[c.dtype])
-        plan = sweep._Plan(ri, c.split_cap(num_cu))
+        cap = c.split_cap(num_cu)
+        plan = sweep._Plan(ri, cap)
         floor = formulas.floor_us(s.flops, s.bytes, NOMINAL_CEILINGS, c.dtype, c.dtype)
         per_graph = sweep.calls_per_graph(max(1.5 * floor, 8.0))
-        runs.append(CaseRun(c, p, s, ri, plan, per_graph))
+        runs.append(CaseRun(c, p, s, ri, plan, per_graph, cap))
     return runs
 
 
@@ -707,7 +709,8 @@ def run_ab(args, arms: list[Arm], folders: dict, params: list[dict], keys: dict 
                 summary[n]["error"] = errors[ci, n]
             summary[n]["methods"] = sorted(methods.get((ci, n), ()))
             summary[n]["clock_mhz"] = clocks[ci, n]
-        doc["cases"].append({**run.case.as_dict(), "variant": run.params, "calls_per_graph": run.per_graph,
+        doc["cases"].append({**run.case.as_dict(), "split_cap": run.split_cap,
+                             "variant": run.params, "calls_per_graph": run.per_graph,
                              "rotation": {"n_sets": run.ri.rotation.n_sets,
                                           "window_pages": run.ri.rotation.window_pages},
                              "arms": summary})
