@@ -528,7 +528,7 @@ class CaseRun:
     ri: object          # aiter_mla.bench.sweep.RowInputs
     plan: object        # aiter_mla.bench.sweep._Plan
     per_graph: int
-    split_cap: int = -1  # the plan's max_split_per_batch (the case's sN, else the bench's)
+    split_cap: int      # the plan's max_split_per_batch (Case.split_cap on this GPU)
     ref: tuple | None = None
 
 
