@@ -209,16 +209,24 @@ def check_schedule(qo, kv, lpl, *, work_indptr, work_info, reduce_indptr, reduce
 
     # balance (metadata.py's proof): every cluster costs <= delta + OVH, plus the blocks of
     # one tail the tail rule merged; exactly delta + OVH when no cut was dropped. delta is
-    # ceil(S / N), or for equal batch costs c the next multiple of c if within 9/8 of it
+    # ceil(S / N), or for equal batch costs c, if within 9/8 of it (and 8 blocks): with
+    # k = N // B >= 2 clusters a batch, ceil(c / k); else the next multiple of c
     costs = [-(-(kv[b + 1] - kv[b]) // G) + ovh for b in range(B)]
     S = sum(costs)
     delta = -(-S // N) if B else 0
     if B and len(set(costs)) == 1:
-        whole = -(-delta // costs[0]) * costs[0]
-        if whole - delta <= 8 and (whole - delta) * 8 <= delta:
-            delta = whole
-            # uniform batches in whole slices: none is split
-            assert W == B and not reduce_partial_map, (W, B)
+        k = N // B
+        width = -(-costs[0] // k) if k >= 2 else -(-delta // costs[0]) * costs[0]
+        if width - delta <= 8 and (width - delta) * 8 <= delta:
+            delta = width
+            if k >= 2:
+                # each batch on k clusters of its own: at most k pieces, one work a cluster
+                assert all(work_indptr[c + 1] - work_indptr[c] <= 1 for c in range(C)), work_indptr
+                for b in range(B):
+                    assert reduce_indptr[b + 1] - reduce_indptr[b] <= k
+            else:
+                # uniform batches in whole slices: none is split
+                assert W == B and not reduce_partial_map, (W, B)
     tail = tail_blocks_bound(max_seqlen_qo, page_size, G)
     if max_seqlen_qo == 1:
         assert tail == 0
@@ -318,7 +326,10 @@ def test_reference_hand_worked_example():
     (128, 50, 66, 102, 128),   # 99 -> two batches per cluster (+3 blocks)
     (64, 128, 66, 129, 64),    # the bench's b64 ctx 8192: 126 -> 129
     (64, 50, 60, 55, 121),     # 55 -> 102 would add 47 blocks: the plain lattice splits
-    (4, 1000, 66, 61, 69),     # batches far longer than a slice: split as before
+    (4, 1000, 66, 63, 64),     # 16 clusters a batch: ceil(1001 / 16) = 63 (61 + 2), 16 pieces each
+    (64, 128, 132, 65, 128),   # (16,1) bf16 b64 ctx 8192: two halves a batch (63 -> 65), no sliver
+    (64, 50, 264, 13, 256),    # (16,1) fp8 b64 ctx 3200: four pieces a batch (13 = ceil(51 / 4))
+    (45, 128, 132, 44, 174),   # 2 clusters a batch would take 65 blocks, 21 over 44: the lattice
     (256, 365, 66, 1420, 321),  # b256 ctx 23333: 4 batches would add 44 blocks (> 8)
     (40, 3, 66, 3, 67),        # 3 -> 4 adds 1 block, more than 3 / 8: split
 ])
@@ -1066,10 +1077,19 @@ def test_emulated_kernel_edge_cases(emulator):
         ([3200] * 127 + [3201], 66, 64, 1, 1),           # several tiles, one differs: 99, not 102
         ([3200, 3328] * 32, 66, 64, 1, 1),               # whole mean (52) but unequal: 51, not 52
         ([3200, 3328] * 64, 66, 64, 1, 1),               # the same over several tiles: 101, not 104
+        ([8192] * 64, 132, 64, 1, 1),                    # uniform, 2 clusters a batch: halves
+        ([3200] * 64, 264, 64, 1, 1),                    # 4 clusters a batch
+        ([8192] * 64, 132, 1, 64, 1),                    # the same at page 1 (OVH 16)
+        ([100] * 3, 264, 1, 1, 1),                       # OVH 16 over a 2-block slice
+        ([8192] * 45, 132, 64, 1, 3),                    # 2 a batch would add 21 blocks: lattice
     ]
     for lens, C, ps, G, thr in cases:
         qo, kv, lpl = make_inputs(lens, [thr] * len(lens), ps)
         emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=ps, G=G, thr=thr)
+    # uniform batches spread over clusters, the batches walked in several tiles of threads
+    for lens, C in (([8192] * 64, 132), ([3200] * 100, 264)):
+        qo, kv, lpl = make_inputs(lens, [1] * len(lens), 64)
+        emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=64, G=1, thr=1, nthreads=32)
 
 
 def test_emulated_kernel_batch_4096(emulator):

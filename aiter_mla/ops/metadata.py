@@ -11,9 +11,12 @@ reference the kernel is tested against).
 Proofs. B batches, C clusters, N <= C the clusters the payload is spread over; batch b costs
 ``c_b = blocks_b + OVH`` and occupies ``[P_b, P_b + c_b)`` on the cost line (overhead first,
 then blocks), ``S = sum c_b``, ``delta >= ceil(S / N)`` (>= 1 when B >= 1, as S >= OVH):
-``ceil(S / N)``, or a whole number of batches when they are uniform
-(:func:`~aiter_mla.ops.metadata_reference.slice_width`); the proofs below use only
-``S <= N * delta``.
+``ceil(S / N)``, or aligned to uniform batches
+(:func:`~aiter_mla.ops.metadata_reference.cost_line`); the proofs below use only
+``S <= N * delta``. When uniform batches are spread over k = N // B clusters each, batch b
+occupies ``[P_b, P_b + k delta)`` with ``P_b = b k delta`` (its overhead, its blocks, then
+padding that no cut or piece uses), and S stands for the line's length ``B k delta <= N
+delta``: the proofs hold as written, and each cluster then holds at most one work.
 A piece starting at line position x (a cut, or ``P_b + OVH``) goes to cluster
 ``min(N - 1, x // delta)``.
 

@@ -12,10 +12,18 @@ is AITER's payload form (``delta + OVH`` per cluster, plus one merged tail: ``me
 * Batch b costs ``c_b = blocks_b + OVH`` (``blocks_b = ceil(kv_pages_b / kv_granularity)``)
   and occupies ``[P_b, P_b + c_b)`` with ``P_b = sum_{i<b} c_i``: its OVH overhead units,
   then its blocks. ``delta = ceil(S / num_splits)``, ``S = sum c_b``, except for uniform
-  batches (every ``c_b = c``): there ``delta = k c``, a whole number of batches
-  (``k = ceil(ceil(S / num_splits) / c)``), when that adds at most ``min(8, ceil(S /
-  num_splits) / 8)`` blocks to the slice (:func:`slice_width`). The lattice then falls on
-  batch boundaries and no batch is split.
+  batches (every ``c_b = c``), when the change adds at most ``min(8, ceil(S / num_splits) /
+  8)`` blocks to the slice (:func:`cost_line`):
+
+  * ``B >= num_splits / 2``: ``delta = k c``, a whole number of batches (``k =
+    ceil(ceil(S / num_splits) / c)``). The lattice then falls on batch boundaries and no
+    batch is split.
+  * ``k = num_splits // B >= 2``: ``delta = ceil(c / k)``, and every batch spans ``k delta``
+    of the line (``P_b = b k delta``; the padding after its blocks is on no cluster). Each
+    batch is then cut into k near-equal pieces on k clusters of its own, one work a cluster.
+    The plain lattice drifts against the batches and leaves a short piece in most of them:
+    at (16,1) b64 ctx 8192 on 132 lists, pieces of about 63, 63 and 3 blocks, the last a whole
+    work's set-up, epilogue and merge input for 3 tiles.
   (This package's rule: with 64 equal batches on 66 clusters, ``ceil(S / N)`` is one block
   short of a batch and the plain lattice cut 63 of them in two, so the reduce read every row
   back: 17 us of a 120 us call on the H200, docs/perf/notes.md. AITER's greedy walk keeps such
@@ -274,24 +282,45 @@ class Schedule:
         return len(self.work_info)
 
 
-def slice_width(costs: list[int], num_splits: int) -> int:
-    """The cost-line slice ``delta`` of a schedule whose batches cost ``costs`` (cost blocks,
-    KV blocks + OVH each) over ``num_splits`` clusters: ``d = ceil(S / num_splits)``; for
-    uniform costs ``c``, ``k c`` with ``k = ceil(d / c)`` instead when the extra ``k c - d`` is
-    at most :data:`WHOLE_BATCH_SLACK` blocks and at most ``d / 8`` (whole batches per cluster,
-    no split, for a bounded extra cost per cluster). 0 without batches. Source: this package
-    (module docstring); AITER's greedy v1_2 walk keeps uniform batches whole while they fit
-    its payload.
+def cost_line(costs: list[int], num_splits: int) -> tuple[int, int]:
+    """The cost line of a schedule whose batches cost ``costs`` (cost blocks, KV blocks + OVH
+    each) over ``num_splits`` clusters: ``(delta, span)``, the slice width and, when every batch
+    takes the same length of the line, that length (else 0: batch b takes its cost ``c_b``).
+
+    ``delta = d = ceil(S / num_splits)``, except for uniform costs ``c`` (this package's rule,
+    module docstring) when the extra ``e`` over ``d`` is at most :data:`WHOLE_BATCH_SLACK`
+    blocks and at most ``d / 8``:
+
+    * at least as many batches as clusters: ``delta = k c`` with ``k = ceil(d / c)``, whole
+      batches per cluster (``span = c``);
+    * ``k = num_splits // B >= 2`` clusters a batch: ``delta = ceil(c / k)`` and every batch
+      spans ``k delta`` (its blocks, then up to ``k - 1`` blocks of padding, on no cluster), so
+      each batch is cut into k near-equal pieces on k clusters of its own, one work a cluster,
+      where the plain lattice leaves one short piece a batch (a whole work's set-up and
+      epilogue for a few blocks).
+
+    ``(0, 0)`` without batches.
     """
     if not costs:
-        return 0
+        return 0, 0
+    nb = len(costs)
     delta = -(-sum(costs) // num_splits)
     c = costs[0]
     if c > 0 and all(x == c for x in costs):
-        extra = -(-delta // c) * c - delta
+        k = num_splits // nb
+        if k >= 2:
+            width, span = -(-c // k), k * -(-c // k)
+        else:
+            width, span = -(-delta // c) * c, c
+        extra = width - delta
         if extra <= WHOLE_BATCH_SLACK and 8 * extra <= delta:
-            delta += extra
-    return delta
+            return width, span
+    return delta, 0
+
+
+def slice_width(costs: list[int], num_splits: int) -> int:
+    """The slice ``delta`` of :func:`cost_line` (0 without batches)."""
+    return cost_line(costs, num_splits)[0]
 
 
 def reference_schedule(qo_indptr, kv_indptr, kv_last_page_lens, *, num_heads: int,
@@ -319,7 +348,7 @@ def reference_schedule(qo_indptr, kv_indptr, kv_last_page_lens, *, num_heads: in
     ovh = overhead_blocks(page_size)
     blocks = [-(-(kv[b + 1] - kv[b]) // G) for b in range(nb)]
     nsplits = num_splits_for(num_clusters, max_split_per_batch, nb)
-    delta = slice_width([x + ovh for x in blocks], nsplits)
+    delta, span = cost_line([x + ovh for x in blocks], nsplits)
 
     def tokens_after(b: int, page: int) -> int:
         """Real KV tokens of batch b at or after page index ``page`` (0 at the tail)."""
@@ -350,7 +379,7 @@ def reference_schedule(qo_indptr, kv_indptr, kv_last_page_lens, *, num_heads: in
         bounds = [0] + cuts + [blocks[b]]
         for j in range(len(bounds) - 1):
             pieces.append((b, bounds[j], bounds[j + 1], cluster_at(first + bounds[j])))
-        pos += blocks[b] + ovh
+        pos += span or blocks[b] + ovh
 
     work_indptr = [0] * (num_clusters + 1)
     work_info: list[tuple[int, ...]] = []
