@@ -25,8 +25,9 @@ WI = {name: i for i, name in enumerate(WORK_INFO_FIELDS)}
 #: ``reduce_final_map[t] = (q_start, q_end)`` (AITER ``MlaPartialTileInfo``).
 REDUCE_FINAL_MAP_INTS = 2
 
-#: Most cost blocks the scheduler adds to a slice to keep uniform batches whole
-#: (``metadata_reference.slice_width``; the metadata kernel gets it as a Jinja global): 8
+#: Most cost blocks the scheduler adds to a slice to align it to uniform batches (whole
+#: batches, or k equal shares of one: ``metadata_reference.cost_line``; the metadata kernel
+#: gets it as a Jinja global): 8
 #: blocks (8 KV tiles at the decode op's granularity) cost about what the reduce of the split
 #: batches does (~15-20 us at 128 rows on the H200, docs/perf/notes.md).
 WHOLE_BATCH_SLACK = 8

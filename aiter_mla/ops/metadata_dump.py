@@ -203,6 +203,7 @@ def render(qo, kv, tokens, s, *, show_works: bool = False) -> str:
                      "fewer clusters or more KV per batch balance better")
     if busy and len(busy) < C:
         why = ("no batch is split: splitting one costs a reduce" if not split
+               else f"each batch takes {s.span // s.delta} clusters of its own" if s.span
                else "too little KV to spread")
         idle = C - len(busy)
         notes.append(f"{idle} {'cluster gets' if idle == 1 else 'clusters get'} no work ({why})")

@@ -10,17 +10,19 @@ serial walk over clusters). The cut positions therefore differ from AITER's; the
 is AITER's payload form (``delta + OVH`` per cluster, plus one merged tail: ``metadata.py``).
 
 * Batch b costs ``c_b = blocks_b + OVH`` (``blocks_b = ceil(kv_pages_b / kv_granularity)``)
-  and occupies ``[P_b, P_b + c_b)`` with ``P_b = sum_{i<b} c_i``: its OVH overhead units,
-  then its blocks. ``delta = ceil(S / num_splits)``, ``S = sum c_b``, except for uniform
+  and occupies ``[P_b, P_b + c_b)`` with ``P_b = sum_{i<b} c_i`` (but for the spread of
+  uniform batches below): its OVH overhead units, then its blocks. ``delta = ceil(S / num_splits)``, ``S = sum c_b``, except for uniform
   batches (every ``c_b = c``), when the change adds at most ``min(8, ceil(S / num_splits) /
   8)`` blocks to the slice (:func:`cost_line`):
 
-  * ``B >= num_splits / 2``: ``delta = k c``, a whole number of batches (``k =
+  * ``B > num_splits / 2``: ``delta = k c``, a whole number of batches (``k =
     ceil(ceil(S / num_splits) / c)``). The lattice then falls on batch boundaries and no
     batch is split.
   * ``k = num_splits // B >= 2``: ``delta = ceil(c / k)``, and every batch spans ``k delta``
     of the line (``P_b = b k delta``; the padding after its blocks is on no cluster). Each
-    batch is then cut into k near-equal pieces on k clusters of its own, one work a cluster.
+    batch is then cut into at most k pieces on k clusters of its own, one work a cluster
+    (near-equal: the first is OVH blocks shorter; where OVH >= delta, the first OVH // delta
+    clusters of each batch stay idle and it gets fewer pieces).
     The plain lattice drifts against the batches and leaves a short piece in most of them:
     at (16,1) b64 ctx 8192 on 132 lists, pieces of about 63, 63 and 3 blocks, the last a whole
     work's set-up, epilogue and merge input for 3 tiles.
@@ -255,8 +257,9 @@ class Schedule:
 
     ``work_info[w]`` is an 8-tuple in :data:`aiter_mla.work_info.WORK_INFO_FIELDS` order.
     ``cluster_cost[c]`` is cluster c's load in cost blocks (KV blocks + OVH per piece).
-    ``delta`` = the spacing of the cut lattice (:func:`slice_width`: ``ceil(total cost /
-    num_splits)``, or a whole number of uniform batches);
+    ``delta`` = the spacing of the cut lattice (:func:`cost_line`: ``ceil(total cost /
+    num_splits)``, or aligned to uniform batches); ``span`` = every batch's length on the line
+    when uniform batches are spread over ``span // delta`` clusters each, else 0;
     ``payload`` = ``delta + overhead``, the most any cluster costs when the tail rule
     merges nothing (``metadata.py`` has the proof).
     """
@@ -276,6 +279,7 @@ class Schedule:
     payload: int
     cluster_cost: list[int] = field(default_factory=list)
     delta: int = 0
+    span: int = 0
 
     @property
     def num_works(self) -> int:
@@ -295,7 +299,7 @@ def cost_line(costs: list[int], num_splits: int) -> tuple[int, int]:
       batches per cluster (``span = c``);
     * ``k = num_splits // B >= 2`` clusters a batch: ``delta = ceil(c / k)`` and every batch
       spans ``k delta`` (its blocks, then up to ``k - 1`` blocks of padding, on no cluster), so
-      each batch is cut into k near-equal pieces on k clusters of its own, one work a cluster,
+      each batch is cut into at most k pieces on k clusters of its own, one work a cluster,
       where the plain lattice leaves one short piece a batch (a whole work's set-up and
       epilogue for a few blocks).
 
@@ -424,7 +428,7 @@ def reference_schedule(qo_indptr, kv_indptr, kv_last_page_lens, *, num_heads: in
         reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
         num_heads=num_heads, num_clusters=num_clusters, num_splits=nsplits,
         page_size=page_size, kv_granularity=G, max_seqlen_qo=max_seqlen_qo, batch_size=nb,
-        overhead=ovh, payload=delta + ovh, cluster_cost=cluster_cost, delta=delta)
+        overhead=ovh, payload=delta + ovh, cluster_cost=cluster_cost, delta=delta, span=span)
 
 
 def to_buffers(schedule: Schedule, buffers) -> tuple:
