@@ -27,10 +27,11 @@ REDUCE_FINAL_MAP_INTS = 2
 
 #: Most cost blocks the scheduler adds to a slice to align it to uniform batches (whole
 #: batches, or k equal shares of one: ``metadata_reference.cost_line``; the metadata kernel
-#: gets it as a Jinja global): 8
-#: blocks (8 KV tiles at the decode op's granularity) cost about what the reduce of the split
-#: batches does (~15-20 us at 128 rows on the H200, docs/perf/notes.md).
-WHOLE_BATCH_SLACK = 8
+#: gets it as a Jinja global): 16
+#: blocks (16 KV tiles at the decode op's granularity). A piece costs a whole work's fixed part
+#: and the merge, well over the cost model's one block: at (128,1) b64 ctx 23333 whole batches
+#: 11 blocks over the plain slice ran 2.5% faster than the split plan (docs/perf/k_pieces_h100.md).
+WHOLE_BATCH_SLACK = 16
 
 #: Most pieces a split tile may have for ``mla_decode_fwd`` to merge it inside the decode
 #: kernel (templates/common/mla_decode_split_merge.cuh; one launch). One SM reads all of a

@@ -209,7 +209,7 @@ def check_schedule(qo, kv, lpl, *, work_indptr, work_info, reduce_indptr, reduce
 
     # balance (metadata.py's proof): every cluster costs <= delta + OVH, plus the blocks of
     # one tail the tail rule merged; exactly delta + OVH when no cut was dropped. delta is
-    # ceil(S / N), or for equal batch costs c, if within 9/8 of it (and 8 blocks): with
+    # ceil(S / N), or for equal batch costs c, if within 9/8 of it (and 16 blocks): with
     # k = N // B >= 2 clusters a batch, ceil(c / k); else the next multiple of c
     costs = [-(-(kv[b + 1] - kv[b]) // G) + ovh for b in range(B)]
     S = sum(costs)
@@ -217,7 +217,7 @@ def check_schedule(qo, kv, lpl, *, work_indptr, work_info, reduce_indptr, reduce
     if B and len(set(costs)) == 1:
         k = N // B
         width = -(-costs[0] // k) if k >= 2 else -(-delta // costs[0]) * costs[0]
-        if width - delta <= 8 and (width - delta) * 8 <= delta:
+        if width - delta <= 16 and (width - delta) * 8 <= delta:
             delta = width
             if k >= 2:
                 # each batch on k clusters of its own, [b k, (b + 1) k): at most k pieces, one
@@ -334,7 +334,9 @@ def test_reference_hand_worked_example():
     (64, 128, 132, 65, 128),   # (16,1) bf16 b64 ctx 8192: two halves a batch (63 -> 65), no sliver
     (64, 50, 264, 13, 256),    # (16,1) fp8 b64 ctx 3200: four pieces a batch (13 = ceil(51 / 4))
     (45, 128, 132, 44, 174),   # 2 clusters a batch would take 65 blocks, 21 over 44: the lattice
-    (256, 365, 66, 1420, 321),  # b256 ctx 23333: 4 batches would add 44 blocks (> 8)
+    (256, 365, 66, 1420, 321),  # b256 ctx 23333: 4 batches would add 44 blocks (> 16)
+    (64, 365, 66, 366, 64),    # b64 ctx 23333: a whole batch adds 11 blocks (<= 16, <= 355 / 8)
+    (60, 128, 66, 129, 60),    # b60 ctx 8192: 118 -> 129 (+11)
     (40, 3, 66, 3, 67),        # 3 -> 4 adds 1 block, more than 3 / 8: split
 ])
 def test_uniform_batches_fill_whole_slices(B, pages, C, want_delta, want_works):

@@ -12,7 +12,7 @@ is AITER's payload form (``delta + OVH`` per cluster, plus one merged tail: ``me
 * Batch b costs ``c_b = blocks_b + OVH`` (``blocks_b = ceil(kv_pages_b / kv_granularity)``)
   and occupies ``[P_b, P_b + c_b)`` with ``P_b = sum_{i<b} c_i`` (but for the spread of
   uniform batches below): its OVH overhead units, then its blocks. ``delta = ceil(S / num_splits)``, ``S = sum c_b``, except for uniform
-  batches (every ``c_b = c``), when the change adds at most ``min(8, ceil(S / num_splits) /
+  batches (every ``c_b = c``), when the change adds at most ``min(16, ceil(S / num_splits) /
   8)`` blocks to the slice (:func:`cost_line`):
 
   * ``B > num_splits / 2``: ``delta = k c``, a whole number of batches (``k =
