@@ -27,10 +27,10 @@ REDUCE_FINAL_MAP_INTS = 2
 
 #: Most cost blocks the scheduler adds to a slice to align it to uniform batches (whole
 #: batches, or k equal shares of one: ``metadata_reference.cost_line``; the metadata kernel
-#: gets it as a Jinja global): 16
-#: blocks (16 KV tiles at the decode op's granularity). A piece costs a whole work's fixed part
-#: and the merge, well over the cost model's one block: at (128,1) b64 ctx 23333 whole batches
-#: 11 blocks over the plain slice ran 2.5% faster than the split plan (docs/perf/k_pieces_h100.md).
+#: gets it as a Jinja global): 16 blocks (16 KV tiles at the decode op's granularity). A piece
+#: costs a whole work's fixed part and the merge, well over the cost model's one block: whole
+#: batches 9-11 blocks over the plain slice ran 0.89-0.97 of the split plan's time at (128,1),
+#: and 23 blocks over lost (1.105 at bf16 b120 ctx 8192; docs/perf/k_pieces_h100.md).
 WHOLE_BATCH_SLACK = 16
 
 #: Most pieces a split tile may have for ``mla_decode_fwd`` to merge it inside the decode

@@ -337,6 +337,10 @@ def test_reference_hand_worked_example():
     (256, 365, 66, 1420, 321),  # b256 ctx 23333: 4 batches would add 44 blocks (> 16)
     (64, 365, 66, 366, 64),    # b64 ctx 23333: a whole batch adds 11 blocks (<= 16, <= 355 / 8)
     (60, 128, 66, 129, 60),    # b60 ctx 8192: 118 -> 129 (+11)
+    (64, 527, 66, 528, 64),    # the slack limit: 512 -> 528 (+16) taken
+    (64, 560, 66, 544, 128),   # 544 -> 561 (+17) refused: the plain lattice splits
+    (4, 7952, 66, 498, 64),    # k = 16 clusters a batch: 482 -> 498 (+16) taken
+    (4, 8480, 66, 514, 68),    # 514 -> 531 (+17) refused
     (40, 3, 66, 3, 67),        # 3 -> 4 adds 1 block, more than 3 / 8: split
 ])
 def test_uniform_batches_fill_whole_slices(B, pages, C, want_delta, want_works):

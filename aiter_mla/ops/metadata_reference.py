@@ -11,9 +11,10 @@ is AITER's payload form (``delta + OVH`` per cluster, plus one merged tail: ``me
 
 * Batch b costs ``c_b = blocks_b + OVH`` (``blocks_b = ceil(kv_pages_b / kv_granularity)``)
   and occupies ``[P_b, P_b + c_b)`` with ``P_b = sum_{i<b} c_i`` (but for the spread of
-  uniform batches below): its OVH overhead units, then its blocks. ``delta = ceil(S / num_splits)``, ``S = sum c_b``, except for uniform
-  batches (every ``c_b = c``), when the change adds at most ``min(16, ceil(S / num_splits) /
-  8)`` blocks to the slice (:func:`cost_line`):
+  uniform batches below): its OVH overhead units, then its blocks. ``delta = ceil(S /
+  num_splits)``, ``S = sum c_b``, except for uniform batches (every ``c_b = c``), when the
+  change adds at most ``min(16, ceil(S / num_splits) / 8)`` blocks to the slice
+  (:func:`cost_line`):
 
   * ``B > num_splits / 2``: ``delta = k c``, a whole number of batches (``k =
     ceil(ceil(S / num_splits) / c)``). The lattice then falls on batch boundaries and no
@@ -288,15 +289,16 @@ class Schedule:
 
 def cost_line(costs: list[int], num_splits: int) -> tuple[int, int]:
     """The cost line of a schedule whose batches cost ``costs`` (cost blocks, KV blocks + OVH
-    each) over ``num_splits`` clusters: ``(delta, span)``, the slice width and, when every batch
-    takes the same length of the line, that length (else 0: batch b takes its cost ``c_b``).
+    each) over ``num_splits`` clusters: ``(delta, span)``, the slice width and, when uniform
+    batches are spread over ``span // delta`` clusters each, every batch's length on the line
+    (else 0: batch b takes its cost ``c_b``; the metadata kernel's ``md_slice`` does the same).
 
     ``delta = d = ceil(S / num_splits)``, except for uniform costs ``c`` (this package's rule,
     module docstring) when the extra ``e`` over ``d`` is at most :data:`WHOLE_BATCH_SLACK`
     blocks and at most ``d / 8``:
 
-    * at least as many batches as clusters: ``delta = k c`` with ``k = ceil(d / c)``, whole
-      batches per cluster (``span = c``);
+    * more than half as many batches as clusters (``num_splits // B < 2``): ``delta = k c``
+      with ``k = ceil(d / c)``, whole batches per cluster (``span = 0``);
     * ``k = num_splits // B >= 2`` clusters a batch: ``delta = ceil(c / k)`` and every batch
       spans ``k delta`` (its blocks, then up to ``k - 1`` blocks of padding, on no cluster), so
       each batch is cut into at most k pieces on k clusters of its own, one work a cluster,
@@ -315,7 +317,7 @@ def cost_line(costs: list[int], num_splits: int) -> tuple[int, int]:
         if k >= 2:
             width, span = -(-c // k), k * -(-c // k)
         else:
-            width, span = -(-delta // c) * c, c
+            width, span = -(-delta // c) * c, 0
         extra = width - delta
         if extra <= WHOLE_BATCH_SLACK and 8 * extra <= delta:
             return width, span
