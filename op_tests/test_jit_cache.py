@@ -441,6 +441,29 @@ def test_read_only_default_root_refuses_a_shared_fallback(fake_jit, tmp_path):
     assert not list(shared.glob("entries/*/lib.so"))
 
 
+def test_info_names_an_unusable_fallback_as_a_problem(fake_jit, tmp_path):
+    """The default root read-only and the fallback refused (others may write to it): every build
+    fails, so info exits 1 with a problem naming the fallback. Before, it exited 0 with no
+    problem and said "builds go to the per-user temp fallback"."""
+    home, tmpdir, env = _default_root_sandbox(fake_jit, tmp_path)
+    (home / ".cache" / "aiter_mla").mkdir(parents=True)   # an existing, read-only default root
+    shared = tmpdir / f"aiter_mla-{os.getuid()}"
+    cli = """
+        import sys
+        from aiter_mla.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """
+    ok = _readonly_child(fake_jit, [home], cli, env, ("info",))   # no fallback yet: it can be made
+    assert ok.returncode == 0, (ok.stdout, ok.stderr)
+    assert f"builds go to the per-user temp fallback {shared}" in ok.stdout, ok.stdout
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    bad = _readonly_child(fake_jit, [home], cli, env, ("info",))
+    assert bad.returncode == 1, (bad.stdout, bad.stderr)
+    assert f"fallback cache root {shared}" in bad.stdout + bad.stderr
+    assert "group or others may write" in bad.stdout + bad.stderr
+
+
 def test_cache_not_writable_error_in_process(fake_jit, monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import env
+from ..paths import unmakeable_folder_reason
 
 log = logging.getLogger("aiter_mla.jit")
 
@@ -156,6 +157,20 @@ def private_fallback_root() -> Path:
             f"planted there would be loaded by this process: set AITER_MLA_CACHE_DIR to a folder of "
             f"your own")
     return root
+
+
+def fallback_root_problem() -> str | None:
+    """Why :func:`private_fallback_root` would refuse the fallback root, or None when it would
+    take it: the problems of an existing one, or why a missing one cannot be created. Checks
+    only; creates nothing."""
+    root = fallback_root()
+    try:
+        if os.path.lexists(root):
+            problems = _private_dir_problems(root)
+            return "; ".join(problems) if problems else None
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror or exc})"
+    return unmakeable_folder_reason(root)
 
 
 def existing_private_fallback_root() -> Path | None:

@@ -25,7 +25,7 @@ from ..paths import absolute_path, unmakeable_folder_reason
 from ..arch import AMD_ARCHS, ARCHS, NVIDIA_ARCHS, is_experimental_enabled
 from ..bench.commands import positive_int
 from . import core, third_party
-from .cache import is_cache_key
+from .cache import fallback_root, fallback_root_problem, is_cache_key
 from .config import ParamError, UnknownModuleError, load_config, templates_dir
 from .render import RenderError, describe, render
 from .toolchain import ToolchainError, find_compiler, interruptible
@@ -793,6 +793,15 @@ def cmd_info(args) -> int:
                           f"does not exist and cannot be made ({reason}): {then}")
         elif not os.access(st.cache.root, os.W_OK):
             cache_note = f"not writable: {then}"
+        if (cache_note or "").endswith("the per-user temp fallback"):
+            # the default root cannot take builds: they go to the fallback, which must be usable
+            fb = fallback_root()
+            cache_note += f" {fb}"
+            fb_problem = fallback_root_problem()
+            if fb_problem is not None:
+                problems.append(f"fallback cache root {fb} (the default root cannot be written): "
+                                f"{fb_problem}: builds fail; set AITER_MLA_CACHE_DIR to a writable "
+                                f"folder of your own")
     if st.cache.explicit and (cache["error"] is not None or (
             (cache_note or "").endswith(then) and not no_builds)):
         # AITER_MLA_CACHE_DIR names a root no build can use (a read-only prebuilt root serving
