@@ -146,6 +146,21 @@ def test_rebuild_forces_a_build_and_old_module_keeps_working(fake_jit):
     assert m.function("aiter_mla_fake_answer", [], ctypes.c_int)() == 42
 
 
+def test_rebuild_takes_all_and_from_file_as_build_does(fake_jit, tmp_path, capsys):
+    """`jit rebuild --all` rebuilds every default variant, `--from-file` a listed one. Before,
+    rebuild required a MODULE ("the following arguments are required: module")."""
+    assert main(["jit", "build", "--all"]) == 0
+    assert fake_jit.started() == 2
+    assert main(["jit", "rebuild", "--all"]) == 0
+    assert fake_jit.started() == 4 and "2 of 2 ok" in capsys.readouterr().err
+    listed = tmp_path / "variants.txt"
+    listed.write_text("fake arch=sm_90a n=1 flavor=a\n")
+    assert main(["jit", "rebuild", "--from-file", str(listed)]) == 0
+    assert fake_jit.started() == 5
+    assert main(["jit", "rebuild"]) == 2   # a usage error, as for build
+    assert "name a MODULE" in capsys.readouterr().err
+
+
 def test_render_to_file_needs_no_toolchain(fake_jit, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("AITER_MLA_NVCC", str(tmp_path / "no-such-nvcc"))
     out = tmp_path / "out.cu"

@@ -50,18 +50,18 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_list)
 
     for name, helptext in (("build", "build variants (default: the module's default variants)"),
-                           ("rebuild", "build again even when cached (replaces by rename)")):
+                           ("rebuild", "build again even when cached (replaces by rename); "
+                                       "the same selection as build")):
         p = jsub.add_parser(name, help=helptext)
-        p.add_argument("module", nargs="?" if name == "build" else None)
+        p.add_argument("module", nargs="?")
         _add_param_arg(p)
-        if name == "build":
-            p.add_argument("--all", action="store_true",
-                           help="every module's default variants for --arch (default sm_90a; experimental ones only when "
-                                "AITER_ENABLE_EXPERIMENTAL is non-zero)")
-            p.add_argument("--from-file", metavar="FILE",
-                           help="the variants FILE lists, one a line: MODULE K=V ... with every "
-                                "parameter (what 'jit list --variants' prints); blank lines and "
-                                "# comments are skipped")
+        p.add_argument("--all", action="store_true",
+                       help="every module's default variants for --arch (default sm_90a; experimental ones only when "
+                            "AITER_ENABLE_EXPERIMENTAL is non-zero)")
+        p.add_argument("--from-file", metavar="FILE",
+                       help="the variants FILE lists, one a line: MODULE K=V ... with every "
+                            "parameter (what 'jit list --variants' prints); blank lines and "
+                            "# comments are skipped")
         _add_cache_dir_arg(p)
         p.add_argument("--arch", choices=ARCHS, help="build for this arch instead")
         p.add_argument("-j", "--jobs", type=positive_int, default=None,
