@@ -787,13 +787,16 @@ def cmd_info(args) -> int:
         then = ("loads only (AITER_MLA_DISABLE_JIT: nothing is built)" if no_builds
                 else "builds fail (AITER_MLA_CACHE_DIR)" if st.cache.explicit else
                 "builds go to the per-user temp fallback")
+        unbuildable = False   # no build can write at the root (it cannot be made, or is read-only)
         if not st.cache.root.exists():
             reason = unmakeable_folder_reason(st.cache.root)
+            unbuildable = reason is not None
             cache_note = ("does not exist yet (the first build makes it)" if reason is None else
                           f"does not exist and cannot be made ({reason}): {then}")
         elif not os.access(st.cache.root, os.W_OK):
+            unbuildable = True
             cache_note = f"not writable: {then}"
-        if (cache_note or "").endswith("the per-user temp fallback"):
+        if unbuildable and not no_builds and not st.cache.explicit:
             # the default root cannot take builds: they go to the fallback, which must be usable
             fb = fallback_root()
             cache_note += f" {fb}"
