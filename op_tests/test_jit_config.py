@@ -193,7 +193,11 @@ def test_missing_template_and_syntax_error(tmp_path):
     (dict(q_dtype="bf16", kv_dtype="bf16", mainloop="warpgroup_works"), "fp8 only"),
     (dict(mainloop="warpgroup_works", block_m=128), "at most 32 rows"),
     (dict(mainloop="alternating"), "bf16 only"),
-    (dict(mainloop="wgmma_ot"), "allowed: 'tile_pairs', 'warpgroup_works', 'alternating', 'mfma'"),
+    (dict(mainloop="wgmma_ot"), "allowed: 'score_pv', 'tile_pairs', 'warpgroup_works', 'alternating', 'mfma'"),
+    (dict(q_dtype="bf16", kv_dtype="bf16", mainloop="score_pv"), "score_pv main loop is fp8 only"),
+    (dict(mainloop="score_pv", mask="causal"), "score_pv main loop runs mask none"),
+    (dict(mainloop="score_pv", page_size=32), "score_pv main loop runs pages of at least a KV tile"),
+    (dict(mainloop="score_pv", block_m=192), "score_pv main loop runs works of at most 128 rows"),
     (dict(mainloop="mfma"), "mainloop mfma is the AMD kernel's"),
     (dict(q_dtype="fp8_fnuz", kv_dtype="fp8_fnuz"), "fp8_fnuz .* is gfx942's"),
     # the AMD kernel (templates/mla_decode_amd.cu.j2)

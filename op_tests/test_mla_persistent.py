@@ -232,7 +232,8 @@ def check(name, c: Case, o, lse):
 #: (cuobjdump -res-usage; docs/perf/notes.md, issue 6 changes 18 and 19): tile_pairs 72 B,
 #: warpgroup_works 160 B; alternating none (at its first build). The bounds leave a little room and catch a loop that
 #: starts spilling more.
-DEFAULT_VARIANT_STACK_BOUND = {"tile_pairs": 96, "warpgroup_works": 168, "alternating": 0}
+#: score_pv 24 B (its first build, 2026-12-06).
+DEFAULT_VARIANT_STACK_BOUND = {"score_pv": 48, "tile_pairs": 96, "warpgroup_works": 168, "alternating": 0}
 #: The same at page size 1 (16-byte cp.async copies, more live state), measured at cba5a86:
 #: tile_pairs 136 B, warpgroup_works 144-160 B, alternating none.
 PAGE1_VARIANT_STACK_BOUND = {"tile_pairs": 152, "warpgroup_works": 184, "alternating": 0}
@@ -323,25 +324,33 @@ def test_cluster_count_arguments_are_checked():
 def test_variant_selection():
     """Every supported shape, page size and dtype maps to one variant: block_m = the rows
     rounded up to whole 64-row blocks (AITER's ten pairs: its m16x8 = 128, m16x4 = 64), block_n
-    64, causal for qlen > 1, and the main loop of its (dtype, rows): tile_pairs for fp8 above 32
+    64, causal for qlen > 1, and the main loop of its (dtype, rows, page size, mask): score_pv for
+    fp8 at 33-128 rows with pages >= 64 and no mask, tile_pairs for the other fp8 shapes above 32
     rows, warpgroup_works for fp8 at most 32, alternating for bf16."""
     v = dec.decode_variant(128, 1, 64, FP8, FP8)
     assert v == dict(arch="sm_90a", block_m=128, page_size=64, block_n=64, mask="none",
-                     q_dtype="fp8", kv_dtype="fp8", mainloop="tile_pairs")
+                     q_dtype="fp8", kv_dtype="fp8", mainloop="score_pv")
     for (heads, qlen), block_m in dec.AITER_SHAPES.items():
         assert dec.decode_variant(heads, qlen, 64, FP8, FP8)["block_m"] == block_m
     grid = [(h, q) for h in (1, 3, 16, 40, 64, 100, 128) for q in (1, 2, 3, 4, 5, 8, 16)]
     for heads, qlen in grid + list(dec.AITER_SHAPES):
         rows = heads * qlen
-        for page_size in (1, 8, 256):
+        for page_size in (1, 8, 32, 64, 256):
             for name, dt in DTYPES.items():
                 v = dec.decode_variant(heads, qlen, page_size, dt, dt)
-                loop = "alternating" if name == "bf16" else ("warpgroup_works" if rows <= 32 else "tile_pairs")
+                if name == "bf16":
+                    loop = "alternating"
+                elif rows <= 32:
+                    loop = "warpgroup_works"
+                elif rows <= 128 and page_size >= 64 and qlen == 1:
+                    loop = "score_pv"
+                else:
+                    loop = "tile_pairs"
                 assert v == dict(arch="sm_90a", block_m=64 * max(1, math.ceil(rows / 64)), page_size=page_size,
                                  block_n=64, mask="causal" if qlen > 1 else "none", q_dtype=name,
                                  kv_dtype=name, mainloop=loop), (heads, qlen, page_size, name)
     assert dec.decode_variant(128, 16, 64, FP8, FP8)["block_m"] == 2048
-    assert set(dec.MAINLOOPS) == {"tile_pairs", "warpgroup_works", "alternating"}
+    assert set(dec.MAINLOOPS) == {"score_pv", "tile_pairs", "warpgroup_works", "alternating"}
     with pytest.raises(TypeError, match="mainloop"):   # the loop is not the caller's to choose
         dec.decode_variant(128, 1, 64, FP8, FP8, mainloop="tile_pairs")
     for args, name in [((128, 1, 64.0), "page_size"), ((128, 1, True), "page_size"),
@@ -369,12 +378,21 @@ def test_variant_selection():
         with pytest.raises(TypeError, match="max_seqlen_q must be an int, got tensor"):
             dec.is_supported_shape(16, bad)
     with pytest.raises(ValueError, match="dtype must be one of"):
-        dec.mainloop_for("fp16", 64)
+        dec.mainloop_for("fp16", 64, page_size=64, mask="none")
+    with pytest.raises(ValueError, match="mask must be 'none' or 'causal', got 'full'"):
+        dec.mainloop_for("fp8", 64, page_size=64, mask="full")
+    with pytest.raises(TypeError, match="page_size must be an int"):
+        dec.mainloop_for("fp8", 64, page_size=64.0, mask="none")
     for rows in (0, -1, arch.MAX_ROWS + 1):   # no main loop runs these (fresh-user report)
         with pytest.raises(ValueError, match=f"rows must be heads x qlen in 1..{arch.MAX_ROWS}, got {rows}"):
-            dec.mainloop_for("fp8", rows)
-    assert [dec.mainloop_for("fp8", r) for r in (1, 32, 33, arch.MAX_ROWS)] == [
-        "warpgroup_works", "warpgroup_works", "tile_pairs", "tile_pairs"]
+            dec.mainloop_for("fp8", rows, page_size=64, mask="none")
+    assert [dec.mainloop_for("fp8", r, page_size=64, mask="none") for r in (1, 32, 33, 64, 128, 129, arch.MAX_ROWS)] == [
+        "warpgroup_works", "warpgroup_works", "score_pv", "score_pv", "score_pv", "tile_pairs", "tile_pairs"]
+    # score_pv's limits: pages of a whole 64-key tile, no mask; else tile_pairs
+    assert [dec.mainloop_for("fp8", 128, page_size=P, mask="none") for P in (1, 32, 64, 256)] == [
+        "tile_pairs", "tile_pairs", "score_pv", "score_pv"]
+    assert dec.mainloop_for("fp8", 128, page_size=64, mask="causal") == "tile_pairs"
+    assert dec.mainloop_for("bf16", 128, page_size=64, mask="none") == "alternating"
     with pytest.raises(ValueError, match=r"target must be an AMD target \(gfx942 or gfx950; .*got 'sm_90a'"):
         dec.amd_decode_variant(128, 1, 64, FP8, FP8, target="sm_90a")
     with pytest.raises(NotImplementedError, match="dtype"):
@@ -520,7 +538,8 @@ def test_peaked_scores_accuracy(warm, heads, qlen, batch, ctx, dtype):
     err = relative_l2(o, ref_out)
     bound = 1.5 * relative_l2(reference(c, fp8_p=True, sm_scale=sm)[0], ref_out) if dtype == "fp8" else 5e-3
     name = f"({heads},{qlen}) b={batch} ctx={ctx} peaked scores {dtype}"
-    _RESULTS.append((f"[{dec.mainloop_for(dtype, heads * qlen)}] {name}", err, bound, lse_error(lse, ref_lse)))
+    _RESULTS.append((f"[{dec.decode_variant(heads, qlen, P, DTYPES[dtype], DTYPES[dtype])['mainloop']}] {name}",
+                     err, bound, lse_error(lse, ref_lse)))
     assert bool(torch.isfinite(o).all()), f"{name}: output has unwritten (NaN) or non-finite elements"
     assert err <= bound, f"{name}: relative L2 {err:.3e} > {bound:.3e}"
 
@@ -643,28 +662,38 @@ def test_page_size_equivalence(warm, heads, qlen, dtype):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("heads,qlen", [(16, 4), (128, 1), (32, 1)])
 def test_page_size_same_splits(warm, heads, qlen, dtype):
-    """Page sizes 1, 16, 64 under one hand-made schedule that splits batches 1-3 at the same
-    tokens (multiples of 64; batch 0, 17 tokens, stays whole): each work then sees the same
-    64-key tiles, so the partial rows, LSEs and final rows must agree to float32 rounding
-    (rows to 1e-6 relative L2, LSEs to 1e-5) whatever the page table looks like."""
-    kv_lens = [17, 75, 197, 300]
-    cut_tokens = {1: [64], 2: [64, 128], 3: [128, 256]}
+    """Page sizes 1, 16, 64, 128 under one hand-made schedule that splits batches 1-3 at the same
+    tokens (multiples of 128; batch 0, 17 tokens, stays whole): each work then sees the same
+    64-key tiles, so where the same main loop runs, the partial rows, LSEs and final rows must
+    agree to float32 rounding (rows to 1e-6 relative L2, LSEs to 1e-5) whatever the page table
+    looks like. fp8 (128,1) runs tile_pairs at pages 1 and 16 and score_pv at 64 and 128 (its
+    per-tile row max rounds P differently from tile_pairs' per-pair one): each page size is
+    compared with the first of its own loop, and every one against float64 (check)."""
+    kv_lens = [17, 150, 300, 400]
+    cut_tokens = {1: [128], 2: [128, 256], 3: [128, 256]}
     g = torch.Generator().manual_seed(23)
     tokens = [torch.randn(n, D, generator=g) for n in kv_lens]
-    outs = {}
-    for P in PAGE_SIZES:
+    outs, first_of_loop = {}, {}
+    for P in (1, 16, 64, 128):
         c = make_case(heads, qlen, P, DTYPES[dtype], kv_lens, seed=23, tokens=tokens)
         cuts = {b: [t // P for t in ts] for b, ts in cut_tokens.items()}
         o, final_lse, split_out, split_lse, _ = run_manual_schedule(c, cuts)
         check(f"same splits ({heads},{qlen}) P={P} {dtype}", c, o, final_lse)
         outs[P] = [x.double() for x in (o, final_lse, split_out, split_lse)]
-    for P in (16, 64):
+        first_of_loop.setdefault(dec.decode_variant(heads, qlen, P, DTYPES[dtype], DTYPES[dtype])["mainloop"], P)
+    compared = 0
+    for P in (16, 64, 128):
+        ref_p = first_of_loop[dec.decode_variant(heads, qlen, P, DTYPES[dtype], DTYPES[dtype])["mainloop"]]
+        if ref_p == P:
+            continue
+        compared += 1
         for name, i in (("final rows", 0), ("partial rows", 2)):
-            err = relative_l2(outs[P][i], outs[1][i])
-            assert err <= 1e-6, f"P={P} against P=1, {name}: relative L2 {err:.3e}"
+            err = relative_l2(outs[P][i], outs[ref_p][i])
+            assert err <= 1e-6, f"P={P} against P={ref_p}, {name}: relative L2 {err:.3e}"
         for name, i in (("final LSE", 1), ("partial LSE", 3)):
-            err = lse_error(outs[P][i], outs[1][i])
-            assert err <= 1e-5, f"P={P} against P=1, {name}: {err:.3e}"
+            err = lse_error(outs[P][i], outs[ref_p][i])
+            assert err <= 1e-5, f"P={P} against P={ref_p}, {name}: {err:.3e}"
+    assert compared >= 2, first_of_loop
 
 
 @gpu
