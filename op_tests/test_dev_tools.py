@@ -355,7 +355,7 @@ STAMPS = [
 def test_budget_table_by_hand():
     b = pb.budget_table([[list(map(int, rec)) for rec in slot] for slot in STAMPS], ["wait", "mma"], clock_mhz=2000.0)
     wg0, wg1, prod = b
-    assert [r["name"] for r in b] == ["consumer wg0", "consumer wg1", "producer"]
+    assert [r["name"] for r in b] == ["consumer wg0", "consumer wg1", "producer (score_pv: scorer)"]
     # wg0: slots 0 and 1; 400 + 600 cycles over 6 tiles; slot 2's 1,998 cycles are ignored
     assert (wg0["ctas"], wg0["tiles"], wg0["cycles"], wg0["ignored_slots"]) == (2, 6, 1000, 1)
     wait, mma = wg0["phases"]
@@ -442,7 +442,7 @@ def test_phase_budget_end_to_end(tmp_path):
     assert "error" not in c, c
     lay = c["layout"]
     assert lay["roles"] == 3 and lay["slots"] >= 1 and len(c["phase_names"]) == lay["fields"] - 1
-    assert [r["name"] for r in c["budget"]] == ["consumer wg0", "consumer wg1", "producer"]
+    assert [r["name"] for r in c["budget"]] == ["consumer wg0", "consumer wg1", "producer (score_pv: scorer)"]
     wg0 = c["budget"][0]
     assert wg0["ctas"] > 0 and wg0["tiles"] > 0 and wg0["total"]["cycles_per_tile"] > 0
     for role in c["budget"]:

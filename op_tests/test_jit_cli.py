@@ -532,6 +532,35 @@ def test_substituted_params_skip_excluded_defaults(fake_jit, capsys):
     assert "not with b" in capsys.readouterr().err
 
 
+def test_substituted_params_take_an_exclusions_instead(fake_jit, capsys):
+    """An exclusion that names "instead" values: a default whose substitution lands on it is
+    built with those values (what mla_decode does for mainloop=score_pv defaults with
+    --param mask=causal or page_size=16: tile_pairs, the loop the op picks there; they were
+    skipped, so such a prebuilt cache lacked the fp8 kernels of 33-128 rows there), unless the user
+    gave the parameter the instead would change."""
+    cfg = __import__("conftest").fake_config()
+    cfg["modules"]["fake"]["exclude"] = [{"when": {"n": 2, "flavor": "b"}, "why": "not with b",
+                                          "instead": {"n": 3}}]
+    fake_jit.write_config(cfg)
+    assert main(["jit", "build", "fake", "--param", "flavor=b"]) == 0
+    err = capsys.readouterr().err
+    assert "skipped" not in err and "2 of 2 ok" in err
+    assert "fake(arch=sm_90a, flavor=b, n=1)" in err and "fake(arch=sm_90a, flavor=b, n=3)" in err
+    assert main(["jit", "build", "fake", "--param", "flavor=b", "--param", "n=2"]) == 2   # n given: refused
+    assert "not with b" in capsys.readouterr().err
+    # the real config: mla_decode's fp8 defaults at page 16 become tile_pairs, not skipped
+    from aiter_mla.jit.commands import _variants
+    from aiter_mla.jit.config import load_config
+    from aiter_mla import paths
+    import argparse
+    real = load_config(paths.JIT_CONFIG_PATH)
+    args = argparse.Namespace(all=False, module="mla_decode", param=["page_size=16", "mask=causal"], arch=None,
+                              from_file=None)
+    got = {(v["kv_dtype"], v["block_m"], v["mainloop"]) for _, v in _variants(args, real)}
+    assert ("fp8", 128, "tile_pairs") in got and ("fp8", 64, "tile_pairs") in got, got
+    assert not any(loop == "score_pv" for _, _, loop in got), got
+
+
 def test_malformed_disable_jit_fails_every_command(fake_jit, monkeypatch, capsys):
     monkeypatch.setenv("AITER_MLA_DISABLE_JIT", "maybe")
     assert main(["jit", "list"]) == 1

@@ -137,6 +137,16 @@ def test_exclude_matches_a_value_or_any_of_a_list():
         dec["exclude"] = [{"when": {"block_m": bad}, "why": "x"}]
         with pytest.raises(ConfigError, match=text):
             validate(raw)
+    # "instead": what a substituted default builds in place of the excluded combination
+    for bad, text in (({}, "instead: expected a non-empty object"), ([1], "instead: expected a non-empty object"),
+                      ({"bogus": 1}, "instead.bogus: unknown parameter"),
+                      ({"mainloop": "nope"}, "instead.mainloop: 'nope' is not allowed")):
+        dec["exclude"] = [{"when": {"block_m": 64}, "why": "x", "instead": bad}]
+        with pytest.raises(ConfigError, match=text):
+            validate(raw)
+    causal_pv = {**base, "block_m": 128, "mainloop": "score_pv", "mask": "causal"}
+    assert m.alternative(causal_pv) == {**causal_pv, "mainloop": "tile_pairs"}
+    assert m.alternative({**base, "block_m": 64}) is None   # allowed: no exclusion matches
 
 
 def test_unknown_module_lists_modules():
@@ -218,3 +228,28 @@ def test_decode_combinations_without_a_kernel_are_refused_before_compiling(param
     m.check_params(base)   # the base itself is a kernel the template has
     with pytest.raises(ParamError, match=needle):
         m.check_params({**base, **params})
+
+
+def test_every_allowed_sm90_decode_variant_renders_without_error():
+    """jit_config's exclusions and the template's #error guards agree: every sm_90a mla_decode
+    variant that check_params accepts renders with no #error (a variant the config allows but
+    the template refuses would fail only at build time, after a user's call chose it), and
+    every excluded one is refused before rendering. Guards e.g. the score_pv block_m list."""
+    import itertools
+
+    from aiter_mla.jit.config import ParamError
+
+    m = load_config(paths.JIT_CONFIG_PATH).module("mla_decode")
+    names = [p for p in m.params if p != "arch"]
+    allowed = refused = 0
+    for values in itertools.product(*(m.params[p] for p in names)):
+        v = dict(zip(names, values), arch="sm_90a")
+        try:
+            m.check_params(v)
+        except ParamError:
+            refused += 1
+            continue
+        allowed += 1
+        text = render(m, v, paths.TEMPLATES_DIR).text
+        assert "#error" not in text, f"{v}: the config allows it, the template refuses it"
+    assert allowed >= 1000 and refused > 0, (allowed, refused)

@@ -937,7 +937,8 @@ def test_metadata_cli_default_clusters_follow_occupancy(capsys, monkeypatch):
 @pytest.mark.parametrize("qlen", [1, 2, 4, 16])
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.bfloat16])
 def test_decode_grid_is_one_wave(monkeypatch, heads, qlen, dtype):
-    """Every sm_90a loop fits one CTA an SM (384 threads at 168 registers: 64,512 of 65,536), so
+    """Every sm_90a loop fits one CTA an SM (384 threads at 168 registers: 64,512 of 65,536;
+    score_pv 512 at 128: 65,536), so
     a launch of more CTAs than SMs runs a second wave: the schedule's lists are sized so that the
     grid (grid_x columns of CTAs-per-work CTAs) is at most the SM count. bf16 at <= 32 rows
     launched 264 CTAs on 132 SMs."""

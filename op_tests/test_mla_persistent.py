@@ -8,9 +8,10 @@ max(3e-2, 1.25 x the error of the reference with AITER's fp8-rounded P). LSE is 
 (<= 2e-3), except in test_peaked_scores_accuracy (DeepSeek-like scores), whose own docstring
 says why.
 
-The main loop follows from the case (``decode.mainloop_for``): fp8 above 32 rows runs
-``tile_pairs``, fp8 at most 32 rows ``warpgroup_works``, bf16 ``alternating``; the grids below
-reach all three, at page sizes on both sides of the TMA threshold (8).
+The main loop follows from the case (``decode.mainloop_for``): fp8 at 64 or 128 rows with
+pages >= 64 and no mask runs ``score_pv``, the other fp8 shapes above 32 rows ``tile_pairs``,
+fp8 at most 32 rows ``warpgroup_works``, bf16 ``alternating``; the grids below reach all four,
+at page sizes on both sides of the TMA threshold (8).
 
 A results table (case, rel L2, LSE error, tolerance) is printed at the end of the session.
 """
@@ -325,7 +326,7 @@ def test_variant_selection():
     """Every supported shape, page size and dtype maps to one variant: block_m = the rows
     rounded up to whole 64-row blocks (AITER's ten pairs: its m16x8 = 128, m16x4 = 64), block_n
     64, causal for qlen > 1, and the main loop of its (dtype, rows, page size, mask): score_pv for
-    fp8 at 33-128 rows with pages >= 64 and no mask, tile_pairs for the other fp8 shapes above 32
+    fp8 at 64 or 128 rows with pages >= 64 and no mask, tile_pairs for the other fp8 shapes above 32
     rows, warpgroup_works for fp8 at most 32, alternating for bf16."""
     v = dec.decode_variant(128, 1, 64, FP8, FP8)
     assert v == dict(arch="sm_90a", block_m=128, page_size=64, block_n=64, mask="none",
@@ -342,7 +343,7 @@ def test_variant_selection():
                     loop = "alternating"
                 elif rows <= 32:
                     loop = "warpgroup_works"
-                elif rows <= 128 and page_size >= 64 and qlen == 1:
+                elif rows in (64, 128) and page_size >= 64 and qlen == 1:
                     loop = "score_pv"
                 else:
                     loop = "tile_pairs"
@@ -383,11 +384,15 @@ def test_variant_selection():
         dec.mainloop_for("fp8", 64, page_size=64, mask="full")
     with pytest.raises(TypeError, match="page_size must be an int"):
         dec.mainloop_for("fp8", 64, page_size=64.0, mask="none")
+    for bad in (0, -64, 48, 512, 2**40):   # decode_variant refuses these too (break-test report)
+        with pytest.raises(ValueError, match=f"page_size must be a power of two in 1..256, got {bad}"):
+            dec.mainloop_for("fp8", 128, page_size=bad, mask="none")
     for rows in (0, -1, arch.MAX_ROWS + 1):   # no main loop runs these (fresh-user report)
         with pytest.raises(ValueError, match=f"rows must be heads x qlen in 1..{arch.MAX_ROWS}, got {rows}"):
             dec.mainloop_for("fp8", rows, page_size=64, mask="none")
-    assert [dec.mainloop_for("fp8", r, page_size=64, mask="none") for r in (1, 32, 33, 64, 128, 129, arch.MAX_ROWS)] == [
-        "warpgroup_works", "warpgroup_works", "score_pv", "score_pv", "score_pv", "tile_pairs", "tile_pairs"]
+    assert [dec.mainloop_for("fp8", r, page_size=64, mask="none") for r in (1, 32, 33, 40, 64, 100, 128, 129, arch.MAX_ROWS)] == [
+        "warpgroup_works", "warpgroup_works", "tile_pairs", "tile_pairs", "score_pv", "tile_pairs", "score_pv",
+        "tile_pairs", "tile_pairs"]
     # score_pv's limits: pages of a whole 64-key tile, no mask; else tile_pairs
     assert [dec.mainloop_for("fp8", 128, page_size=P, mask="none") for P in (1, 32, 64, 256)] == [
         "tile_pairs", "tile_pairs", "score_pv", "score_pv"]
@@ -639,7 +644,7 @@ def test_page_size_equivalence(warm, heads, qlen, dtype):
     page size's own schedule. The schedules split the batches at different tokens, so fp8's e4m3
     P is rounded against different row maxima: the bound there is the rounding noise (a float64
     model of the rounding gave 4.0-4.6e-3 for per-tile references and 6.4-6.8e-3 for
-    tile_pairs' per-pair ones on these lengths at (128,1), random tokens of seeds 0-3; the H200
+    tile_pairs' per-pair ones on these lengths at (128,1), which now runs score_pv at page 64, random tokens of seeds 0-3; the H200
     gave 6.4e-3 for the pair; docs/perf/notes.md, issue 6 change 18), not exactness.
     ``test_page_size_same_splits`` holds the layouts to exactness at equal split points."""
     kv_lens = [17, 33, 75, 197]

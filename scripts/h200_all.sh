@@ -3,8 +3,9 @@
 # metadata figures, then the bench sweeps. Usage: bash scripts/h200_all.sh COMMIT. Logs and
 # results go into $OUT/all.tgz; the exit status is 1 when the test run failed (the tools and
 # the sweeps still run and are saved); a tool's failure is reported, not the exit status.
-#   Tests: the whole op_tests suite, once (the decode main loops are tile_pairs for fp8 above
-#   32 rows, warpgroup_works for fp8 at <= 32 rows, alternating for bf16), with a spin limit on
+#   Tests: the whole op_tests suite, once (the decode main loops are score_pv for fp8 at 64 or
+#   128 rows with pages >= 64 and no mask, tile_pairs for the other fp8 shapes above 32 rows,
+#   warpgroup_works for fp8 at <= 32 rows, alternating for bf16), with a spin limit on
 #   the pipeline barriers so a pipeline bug traps instead of hanging.
 #   Tools (60 s each): scripts/template_ab.py, the repository's templates against a copy of
 #   them in another folder, on one case, 2 rounds;

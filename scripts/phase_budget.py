@@ -51,7 +51,9 @@ from pathlib import Path
 
 STAMP_FLAG = "-DAITER_MLA_PHASE_STAMPS"
 FLAGS_VAR = "AITER_MLA_EXTRA_NVCC_FLAGS"
-ROLE_NAMES = ("consumer wg0", "consumer wg1", "producer")
+#: Role 2 is thread 256: the producer warp in every loop but score_pv, where it is the scorer
+#: (its kv_wait / handover rows are then the PV warpgroups' P_full and F waits on roles 0 and 1).
+ROLE_NAMES = ("consumer wg0", "consumer wg1", "producer (score_pv: scorer)")
 LAYOUT_FN, NAMES_FN, STAMPS_FN = ("aiter_mla_decode_stamp_layout", "aiter_mla_decode_stamp_names",
                                   "aiter_mla_decode_stamps")
 HERE = Path(__file__).resolve().parent

@@ -286,11 +286,21 @@ def _variants(args, cfg) -> list[tuple[str, dict]]:
     if not m.default_variants:
         m.check_params(given)  # raises, listing what is missing
     # Each default variant with the given values substituted; a substitution that lands on an
-    # excluded combination (e.g. mainloop=tile_pairs into a bf16 default) is skipped with a note,
-    # and only when every one is refused does the first refusal become the error.
+    # excluded combination takes the exclusion's "instead" values when it names some and they
+    # change nothing the user gave (mainloop=score_pv with mask=causal builds tile_pairs, the
+    # loop decode picks there), else it is skipped with a note (e.g. mainloop=tile_pairs into a
+    # bf16 default); only when every one is refused does the first refusal become the error.
     out, seen, refused = [], set(), []
     for d in m.defaults_for(given.get("arch")):
         v = {**d, **given}
+        try:
+            m.check_params(v)
+        except ParamError as exc:
+            alt = m.alternative(v)
+            if alt is None or any(alt[p] != given[p] for p in given):
+                refused.append((v, exc))
+                continue
+            v = alt
         ident = tuple(sorted(v.items()))
         if ident in seen:
             continue

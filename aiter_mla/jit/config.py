@@ -22,9 +22,11 @@ Schema (``schema_version`` 1; unknown keys are errors, so a typo never passes si
           "flags": {"nvcc": [...], "hipcc": [...], "clang": [...]},  # appended per toolchain
           "third_party": ["HipKittens"],                   # pins whose tree enters the key
           "experimental": false,                           # skipped by build-all unless enabled
-          "exclude": [{"when": {"<p>": v, ...}, "why": "..."}]  # optional: combinations
-        }                                                  # that cannot build, refused early;
-                                                           # v: a value, or a list of any-of values
+          "exclude": [{"when": {"<p>": v, ...}, "why": "...",  # optional: combinations
+                       "instead": {"<p>": v}}]             # that cannot build, refused early;
+        }                                                  # v: a value, or a list of any-of values;
+                                                           # instead (optional): what a default with
+                                                           # --param substituted builds in its place
       }
     }
 
@@ -93,6 +95,17 @@ class ModuleConfig:
     raw: dict = field(repr=False, compare=False, default_factory=dict)
     #: (when, why) pairs: a variant matching every item of ``when`` cannot be built.
     exclude: tuple[tuple[dict, str], ...] = ()   # (parameter -> matching values, why)
+    #: (when, instead) pairs of the exclusions that name what builds instead (``"instead"``).
+    instead: tuple[tuple[dict, dict], ...] = ()
+
+    def alternative(self, params: dict[str, Any]) -> dict[str, Any] | None:
+        """``params`` with the values of the first exclusion it matches that names an
+        ``instead`` (e.g. mainloop=score_pv with mask=causal -> mainloop=tile_pairs), or None
+        when no such exclusion matches. The result is not checked. Raises nothing."""
+        for when, repl in self.instead:
+            if all(p in params and _is_allowed(params[p], vs) for p, vs in when.items()):
+                return {**params, **repl}
+        return None
 
     def defaults_for(self, arch: str | None) -> tuple[dict, ...]:
         """The default variants a build for ``arch`` starts from: the module's own defaults for
@@ -325,11 +338,7 @@ def _validate_module(name: str, m: Any, pins: dict) -> ModuleConfig:
         for p in params:
             if p not in variant:
                 _fail(f"{vw}.{p}", f"missing (allowed: {_fmt_values(params[p])})")
-        for p, v in variant.items():
-            if p not in params:
-                _fail(f"{vw}.{p}", f"unknown parameter (parameters: {', '.join(params)})")
-            if not _is_allowed(v, params[p]):
-                _fail(f"{vw}.{p}", f"{v!r} is not allowed (allowed: {_fmt_values(params[p])})")
+        _check_values(variant, vw, params)
         defaults.append({p: variant[p] for p in sorted(variant)})
 
     _check_keys(m["flags"], f"{where}.flags", set(), set(TOOLCHAINS))
@@ -342,9 +351,11 @@ def _validate_module(name: str, m: Any, pins: dict) -> ModuleConfig:
                   f"(pinned: {', '.join(sorted(pins)) or 'none'})")
     if not isinstance(m["experimental"], bool):
         _fail(f"{where}.experimental", f"expected true or false, got {m['experimental']!r}")
-    exclude = _validate_exclude(m.get("exclude", []), f"{where}.exclude", params)
+    rules = _validate_exclude(m.get("exclude", []), f"{where}.exclude", params)
     module = ModuleConfig(name, m["template"], str(m.get("doc", "")), params, tuple(defaults),
-                          flags, tp, m["experimental"], raw=m, exclude=exclude)
+                          flags, tp, m["experimental"], raw=m,
+                          exclude=tuple((when, why) for when, why, _ in rules),
+                          instead=tuple((when, inst) for when, _, inst in rules if inst is not None))
     for i, variant in enumerate(defaults):
         try:
             module.check_params(variant)
@@ -353,13 +364,22 @@ def _validate_module(name: str, m: Any, pins: dict) -> ModuleConfig:
     return module
 
 
+def _check_values(obj: dict, where: str, params: dict[str, tuple]) -> None:
+    """Every key of ``obj`` a parameter, every value one of its allowed values (ConfigError)."""
+    for p, v in obj.items():
+        if p not in params:
+            _fail(f"{where}.{p}", f"unknown parameter (parameters: {', '.join(params)})")
+        if not _is_allowed(v, params[p]):
+            _fail(f"{where}.{p}", f"{v!r} is not allowed (allowed: {_fmt_values(params[p])})")
+
+
 def _validate_exclude(raw: Any, where: str, params: dict[str, tuple]) -> tuple:
     if not isinstance(raw, list):
         _fail(where, f"expected a list, got {raw!r}")
     out = []
     for i, item in enumerate(raw):
         iw = f"{where}[{i}]"
-        _check_keys(item, iw, {"when", "why"}, set())
+        _check_keys(item, iw, {"when", "why"}, {"instead"})
         when = item["when"]
         if not isinstance(when, dict) or not when:
             _fail(f"{iw}.when", f"expected a non-empty object, got {when!r}")
@@ -373,5 +393,11 @@ def _validate_exclude(raw: Any, where: str, params: dict[str, tuple]) -> tuple:
                     _fail(f"{iw}.when.{p}", f"{one!r} is not allowed (allowed: {_fmt_values(params[p])})")
         if not isinstance(item["why"], str) or not item["why"]:
             _fail(f"{iw}.why", f"expected a non-empty string, got {item['why']!r}")
-        out.append(({p: tuple(v) if isinstance(v, list) else (v,) for p, v in when.items()}, item["why"]))
+        instead = item.get("instead")
+        if instead is not None:
+            if not isinstance(instead, dict) or not instead:
+                _fail(f"{iw}.instead", f"expected a non-empty object, got {instead!r}")
+            _check_values(instead, f"{iw}.instead", params)
+        out.append(({p: tuple(v) if isinstance(v, list) else (v,) for p, v in when.items()}, item["why"],
+                    instead))
     return tuple(out)

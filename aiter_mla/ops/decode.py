@@ -18,7 +18,7 @@ both bf16; output bf16; page_size any power of two 1..256 (the kernel reads it f
 Numerics (kernel: templates/mla_decode.cu.j2 + templates/common/mla_decode_sm90*.cuh): scores
 = q.k over 576 dims (tensor cores, fp32 accumulate; fp8 QK promoted to fp32 in chunks of k-steps)
 x q_scale x kv_scale x sm_scale; exp2-based online softmax; output = (P.V) x kv_scale / l in
-bf16; LSE natural log. The fp8 main loops ("score_pv" at 33-128 rows with pages >= 64 and no mask,
+bf16; LSE natural log. The fp8 main loops ("score_pv" at 64 or 128 rows with pages >= 64 and no mask,
 "tile_pairs" at other shapes above 32 rows, "warpgroup_works" at most 32) run PV as an e4m3 wgmma with P rounded to e4m3, as AITER does; bf16 "alternating"
 rounds P to bf16. Measured on the H200 against float64 (the bench's check): relative L2 at
 most 1.2e-2 (fp8) and about 1.8e-3 (bf16).
@@ -87,8 +87,8 @@ SUPPORTED_DTYPES = {getattr(torch, name): value for name, value in KERNEL_DTYPES
 FEW_ROWS = arch.FEW_ROWS
 
 #: The sm_90a main loops (the ``mainloop`` template parameter), one per (dtype, row count, page
-#: size, mask): "score_pv" (fp8, FEW_ROWS + 1 .. SCORE_PV_MAX_ROWS rows, pages of at least
-#: SCORE_PV_MIN_PAGE, mask none: one scorer warpgroup scores every KV tile while two PV
+#: size, mask): "score_pv" (fp8, SCORE_PV_ROWS rows, pages of at least SCORE_PV_MIN_PAGE, mask
+#: none: one scorer warpgroup scores every KV tile while two PV
 #: warpgroups add the previous one, templates/common/mla_decode_sm90_score_pv.cuh), "tile_pairs"
 #: (fp8, more than FEW_ROWS rows otherwise: the warpgroups score alternate KV tiles of a pair,
 #: templates/common/mla_decode_sm90_tile_pairs.cuh), "warpgroup_works" (fp8, at most FEW_ROWS
@@ -97,16 +97,18 @@ FEW_ROWS = arch.FEW_ROWS
 #: chained between them, mla_decode_sm90_alternating.cuh). docs/DESIGN.md §9.5-§9.7 describe them.
 MAINLOOPS = ("score_pv", "tile_pairs", "warpgroup_works", "alternating")
 
-#: score_pv's limits: works of one or two 64-row CTAs, pages holding whole 64-key TMA tiles.
-SCORE_PV_MAX_ROWS = 128
+#: score_pv's shapes: works of one or two whole 64-row CTAs (the row counts its GPU tests run;
+#: padded rows, e.g. (40,1), keep tile_pairs until a GPU run covers them), pages holding whole
+#: 64-key TMA tiles.
+SCORE_PV_ROWS = (64, 128)
 SCORE_PV_MIN_PAGE = 64
 
 
 def mainloop_for(dtype: str, rows: int, *, page_size: int, mask: str) -> str:
     """The main loop that runs kv dtype ``dtype`` ("fp8" / "bf16") at ``rows`` = heads x qlen
     (1 .. arch.MAX_ROWS), ``page_size`` tokens a page and ``mask`` ("none" / "causal").
-    ValueError for another dtype or mask name or a row count outside that range, TypeError for
-    a non-int ``rows`` or ``page_size``."""
+    ValueError for another dtype or mask name, a row count outside that range or a page size
+    that is not a power of two in 1..256; TypeError for a non-int ``rows`` or ``page_size``."""
     if dtype not in KERNEL_DTYPES.values():
         raise ValueError(f"dtype must be one of {sorted(KERNEL_DTYPES.values())}, got {dtype!r}")
     if mask not in ("none", "causal"):
@@ -115,11 +117,13 @@ def mainloop_for(dtype: str, rows: int, *, page_size: int, mask: str) -> str:
     page_size = require_int("page_size", page_size)
     if not 1 <= rows <= arch.MAX_ROWS:
         raise ValueError(f"rows must be heads x qlen in 1..{arch.MAX_ROWS}, got {rows}")
+    if not (1 <= page_size <= 256 and page_size & (page_size - 1) == 0):
+        raise ValueError(f"page_size must be a power of two in 1..256, got {page_size}")
     if dtype == "bf16":
         return "alternating"
     if rows <= FEW_ROWS:
         return "warpgroup_works"
-    if rows <= SCORE_PV_MAX_ROWS and page_size >= SCORE_PV_MIN_PAGE and mask == "none":
+    if rows in SCORE_PV_ROWS and page_size >= SCORE_PV_MIN_PAGE and mask == "none":
         return "score_pv"
     return "tile_pairs"
 

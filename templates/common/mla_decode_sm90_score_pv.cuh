@@ -1,5 +1,5 @@
 // MLA decode on sm_90a: the fp8 "score_pv" main loop (template parameter mainloop = score_pv;
-// decode.mainloop_for picks it for fp8 works of 33-128 rows at page_size >= 64 with no mask, and
+// decode.mainloop_for picks it for fp8 works of 64 or 128 rows at page_size >= 64 with no mask, and
 // tile_pairs for the other fp8 shapes above 32 rows). docs/DESIGN.md §9.5 has its design and
 // measurements. It reuses tile_pairs' stages, producer, QK chunks and epilogue.
 //
