@@ -18,10 +18,11 @@ both bf16; output bf16; page_size any power of two 1..256 (the kernel reads it f
 Numerics (kernel: templates/mla_decode.cu.j2 + templates/common/mla_decode_sm90*.cuh): scores
 = q.k over 576 dims (tensor cores, fp32 accumulate; fp8 QK promoted to fp32 in chunks of k-steps)
 x q_scale x kv_scale x sm_scale; exp2-based online softmax; output = (P.V) x kv_scale / l in
-bf16; LSE natural log. The fp8 main loops ("score_pv" at 64 or 128 rows with pages >= 64 and no mask,
-"tile_pairs" at other shapes above 32 rows, "warpgroup_works" at most 32) run PV as an e4m3 wgmma with P rounded to e4m3, as AITER does; bf16 "alternating"
-rounds P to bf16. Measured on the H200 against float64 (the bench's check): relative L2 at
-most 1.2e-2 (fp8) and about 1.8e-3 (bf16).
+bf16; LSE natural log. The fp8 main loops ("score_pv" at 64 or 128 rows with pages >= 64 and
+no mask, "tile_pairs" at the other shapes above 32 rows, "warpgroup_works" at most 32) run PV
+as an e4m3 wgmma with P rounded to e4m3, as AITER does; bf16 "alternating" rounds P to bf16.
+Measured on the H200 against float64 (the bench's check): relative L2 at most 1.2e-2 (fp8) and
+about 1.8e-3 (bf16).
 
 Checks (docs/DESIGN.md §4.2, §5.13). The host checks shapes, dtypes, devices, layouts and the
 plan record once per buffer set and keeps the filled launch (:class:`Prepared`) in an identity
@@ -88,8 +89,8 @@ FEW_ROWS = arch.FEW_ROWS
 
 #: The sm_90a main loops (the ``mainloop`` template parameter), one per (dtype, row count, page
 #: size, mask): "score_pv" (fp8, SCORE_PV_ROWS rows, pages of at least SCORE_PV_MIN_PAGE, mask
-#: none: one scorer warpgroup scores every KV tile while two PV
-#: warpgroups add the previous one, templates/common/mla_decode_sm90_score_pv.cuh), "tile_pairs"
+#: none: one scorer warpgroup scores every KV tile while two PV warpgroups add the previous
+#: one, templates/common/mla_decode_sm90_score_pv.cuh), "tile_pairs"
 #: (fp8, more than FEW_ROWS rows otherwise: the warpgroups score alternate KV tiles of a pair,
 #: templates/common/mla_decode_sm90_tile_pairs.cuh), "warpgroup_works" (fp8, at most FEW_ROWS
 #: rows: each consumer warpgroup runs its own work list, mla_decode_sm90_warpgroup_works.cuh) and
