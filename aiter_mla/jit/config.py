@@ -93,18 +93,18 @@ class ModuleConfig:
     third_party: tuple[str, ...]
     experimental: bool
     raw: dict = field(repr=False, compare=False, default_factory=dict)
-    #: (when, why) pairs: a variant matching every item of ``when`` cannot be built.
-    exclude: tuple[tuple[dict, str], ...] = ()   # (parameter -> matching values, why)
-    #: (when, instead) pairs of the exclusions that name what builds instead (``"instead"``).
-    instead: tuple[tuple[dict, dict], ...] = ()
+    #: (when, why, instead) rules: a variant matching every item of ``when`` (parameter -> the
+    #: values it matches) cannot be built; ``instead`` (parameter -> value, or None) is what a
+    #: substituted default builds in its place (:meth:`alternative`).
+    exclude: tuple[tuple[dict, str, dict | None], ...] = ()
 
     def alternative(self, params: dict[str, Any]) -> dict[str, Any] | None:
         """``params`` with the values of the first exclusion it matches that names an
         ``instead`` (e.g. mainloop=score_pv with mask=causal -> mainloop=tile_pairs), or None
         when no such exclusion matches. The result is not checked. Raises nothing."""
-        for when, repl in self.instead:
-            if all(p in params and _is_allowed(params[p], vs) for p, vs in when.items()):
-                return {**params, **repl}
+        for when, _, instead in self.exclude:
+            if instead is not None and _matches(when, params):
+                return {**params, **instead}
         return None
 
     def defaults_for(self, arch: str | None) -> tuple[dict, ...]:
@@ -140,8 +140,8 @@ class ModuleConfig:
                     f"module {self.name!r}: parameter {p}={value!r}{hint} is not allowed; "
                     f"allowed: {_fmt_values(self.params[p])}"
                 )
-        for when, why in self.exclude:   # when: parameter -> the values it matches
-            if all(_is_allowed(params[p], vs) for p, vs in when.items()):
+        for when, why, _ in self.exclude:
+            if _matches(when, params):
                 combo = ", ".join(f"{p}={params[p]!r}" for p in when)
                 raise ParamError(f"module {self.name!r}: the combination {combo} is not "
                                  f"supported: {why}")
@@ -351,17 +351,20 @@ def _validate_module(name: str, m: Any, pins: dict) -> ModuleConfig:
                   f"(pinned: {', '.join(sorted(pins)) or 'none'})")
     if not isinstance(m["experimental"], bool):
         _fail(f"{where}.experimental", f"expected true or false, got {m['experimental']!r}")
-    rules = _validate_exclude(m.get("exclude", []), f"{where}.exclude", params)
+    exclude = _validate_exclude(m.get("exclude", []), f"{where}.exclude", params)
     module = ModuleConfig(name, m["template"], str(m.get("doc", "")), params, tuple(defaults),
-                          flags, tp, m["experimental"], raw=m,
-                          exclude=tuple((when, why) for when, why, _ in rules),
-                          instead=tuple((when, inst) for when, _, inst in rules if inst is not None))
+                          flags, tp, m["experimental"], raw=m, exclude=exclude)
     for i, variant in enumerate(defaults):
         try:
             module.check_params(variant)
         except ParamError as exc:
             _fail(f"{where}.default_variants[{i}]", str(exc))
     return module
+
+
+def _matches(when: dict, params: dict[str, Any]) -> bool:
+    """Whether ``params`` has, for every parameter of an exclusion's ``when``, one of its values."""
+    return all(p in params and _is_allowed(params[p], vs) for p, vs in when.items())
 
 
 def _check_values(obj: dict, where: str, params: dict[str, tuple]) -> None:
