@@ -4,21 +4,22 @@
 // measurements. It reuses tile_pairs' stages, producer, QK chunks and epilogue.
 //
 // 512 threads, four warpgroups with distinct roles:
-//   warps 0..7  (threads 0..255)   two PV warpgroups; PV warpgroup c owns O^T rows (V columns)
-//                                  [256c, 256c + 256) as tile_pairs' warpgroup c does, and they
-//                                  run the epilogue (transposed_pv::write_output, whose
-//                                  barriers are the 256 threads 0..255, as today)
+//   warps 0..7  (threads 0..255)   two PV warpgroups. Each runs the online softmax of half of the
+//                                  CTA's rows (PV warpgroup c: rows [32c, 32c + 32), a row per
+//                                  quad) from S in shared memory, writes its rows' e4m3 P and O^T
+//                                  factors, meets the other at one 256-thread barrier a tile, and
+//                                  adds the tile into its 256 V columns of O^T (V^T . P^T, as
+//                                  tile_pairs' warpgroup c); then the epilogue
+//                                  (transposed_pv::write_output, barriers over threads 0..255)
 //   warps 8..11 (threads 256..383) the scorer: QK of every tile (64 rows x 64 keys, three
-//                                  promoted chunks of 6 k-steps), an exact per-tile online
-//                                  softmax (it holds whole rows: the row max is a quad
-//                                  shuffle), e4m3 P into a 2-slot ring, O^T's factor per row
+//                                  promoted chunks of 6 k-steps) into a 2-slot ring of fp32 S in
+//                                  shared memory; nothing else, so its next QK starts while the
+//                                  PV warpgroups run this tile's softmax and PV
 //   warps 12..15                   the producer warpgroup (warp 12 issues the TMA copies of Q and
 //                                  KV as in tile_pairs, warp 15 checks the inputs)
-// setmaxnreg: producer 24, scorer 136, PV 176 (4 x 128 at the 512-thread launch bound). ptxas
-// (CUDA 13.0, -Xptxas -v): 128 registers, 52 B spill stores / 48 B loads, all outside the three
-// per-tile loops (the producer's per-work set-up and cold paths, the PV warpgroups' per-work
-// set-up and epilogue; SASS checked with nvdisasm), no C75xx note. Scorer 120 (producer 40)
-// spills nothing but serialises the wgmmas (C7512); PV 168 or 184 (scorer <= 120) C7512 too.
+// The chain a tile is the longer of the scorer's QK + S store and a PV warpgroup's half softmax
+// + PV; shared memory carries S (16 KB written and read a tile) instead of the softmax's
+// exponentials sitting between two QKs.
 #pragma once
 #include "mla_decode_sm90_tile_pairs.cuh"
 
@@ -28,23 +29,30 @@ namespace score_pv {
 constexpr int kPvThreads = 256;       // the two PV warpgroups (threads 0..255)
 constexpr int kScorerThreads = 128;   // the scorer (threads 256..383)
 constexpr int kConsumerThreads = kPvThreads + kScorerThreads;
-constexpr int kBarPFull = 9;          // + slot
-constexpr int kBarPEmpty = 11;        // + slot
-constexpr int kBarF = 13;             // + slot
+constexpr int kBarSFull = 9;          // + slot: S(t) stored (the scorer arrives, the PV warpgroups sync)
+constexpr int kBarSEmpty = 11;        // + slot: S(t) read (the PV warpgroups arrive, the scorer syncs)
+constexpr int kBarTile = 13;          // the PV warpgroups a tile (256 threads): P(t) and F(t) written
 constexpr int kProducerRegs = 24;
-constexpr int kScorerRegs = 136;
-constexpr int kPvRegs = 176;
+#define SPV_SR 112
+#define SPV_PR 184
+#define SPV_QK2
+constexpr int kScorerRegs = SPV_SR;
+constexpr int kPvRegs = SPV_PR;
 static_assert(kProducerRegs + kScorerRegs + 2 * kPvRegs <= 4 * 128, "the 512-thread launch bound's 128 registers a thread");
 
 // tile_pairs' layout (Q, the 4-stage KV ring, the P slots at kOffP, the factor slots at
-// kOffScale, kOffInv / kOffRed for write_output, the KV and Q barriers), plus the rows' l and m
-// per work parity and their mbarriers.
+// kOffScale, kOffInv / kOffRed for write_output, the KV and Q barriers), plus two fp32 S slots
+// and the rows' l and m for the epilogue.
+// S slot layout: the scorer's warp g, row half h (rows 16g + lane/4 + 8h), float4 k of lane:
+// floats ((2g + h) 4 + k) 128 + 4 lane .. + 3 = its S values (n8 tile 2k: e, e + 1; tile 2k + 1:
+// e, e + 1) of that row. Each float4 index k is 32 lanes x 16 contiguous bytes (no bank conflict).
 template <int BlockN, int PageSize, bool Causal>
 struct ScorePvConfig : tile_pairs::TilePairsConfig<BlockN, PageSize, Causal> {
   using B = tile_pairs::TilePairsConfig<BlockN, PageSize, Causal>;
-  static constexpr int kOffLm = (B::kSmemBytes + 15) / 16 * 16;   // [2 parities][l, m][64] floats
-  static constexpr int kOffLmBar = kOffLm + 2 * 2 * kRows * 4;    // lm_full[2], lm_empty[2]
-  static constexpr int kSmemBytes = kOffLmBar + 4 * 8;
+  static constexpr int kSBytes = kRows * B::BN * 4;                // one S slot, fp32
+  static constexpr int kOffS = (B::kSmemBytes + 127) / 128 * 128;
+  static constexpr int kOffLm = kOffS + 2 * kSBytes;               // [l, m][64] floats
+  static constexpr int kSmemBytes = kOffLm + 2 * kRows * 4;
   static_assert(B::kSwizzled && B::kQTma, "score_pv runs TMA stages (page_size >= 8; rendered at >= 64)");
   static_assert(B::kTmaRows == B::BN, "score_pv is rendered for pages holding a whole tile");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
@@ -56,27 +64,11 @@ __device__ __forceinline__ void nb_arrive(int id) {
 __device__ __forceinline__ void nb_sync(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kConsumerThreads) : "memory");
 }
+__device__ __forceinline__ void tile_sync() { asm volatile("bar.sync %0, %1;\n" ::"n"(kBarTile), "n"(kPvThreads) : "memory"); }
 
 template <class C>
-__device__ __forceinline__ float* lm_rows(uint8_t* smem, int parity, int which) {   // which 0: l, 1: m
-  return reinterpret_cast<float*>(smem + C::kOffLm) + (parity * 2 + which) * kRows;
-}
-template <class C>
-__device__ __forceinline__ uint32_t lm_full_bar(const uint8_t* smem, int parity) {
-  return smem_addr(smem + C::kOffLmBar) + parity * 8;
-}
-template <class C>
-__device__ __forceinline__ uint32_t lm_empty_bar(const uint8_t* smem, int parity) {
-  return smem_addr(smem + C::kOffLmBar) + (2 + parity) * 8;
-}
-
-// Thread 0, with the other barriers: lm_full counts the scorer's threads, lm_empty the PV ones.
-template <class C>
-__device__ __forceinline__ void init_barriers(const uint8_t* smem) {
-  for (int b = 0; b < 2; ++b) {
-    wg::mbar_init(lm_full_bar<C>(smem, b), kScorerThreads);
-    wg::mbar_init(lm_empty_bar<C>(smem, b), kPvThreads);
-  }
+__device__ __forceinline__ float* lm_rows(uint8_t* smem, int which) {   // which 0: l, 1: m
+  return reinterpret_cast<float*>(smem + C::kOffLm) + which * kRows;
 }
 
 // ---- the scorer -------------------------------------------------------------------------------
@@ -105,9 +97,9 @@ __device__ __forceinline__ void qk_tile3(float (&s)[C::kSTiles][4], const uint8_
 
 // V rows [valid, BN) of a stage -> 0 (the 8 V column blocks of 64-byte rows; the RoPE block is
 // K only). Past a work's end a page may hold anything (NaN), and P = 0 there must not meet it.
-// By the scorer (128 threads) after its QK of the tile, before its F(t) arrival: the PV
-// warpgroups sync F(t) before their first ldmatrix of the stage (block 0's fragments load before
-// P_full(t)). fence.proxy.async orders the zeros before the stage's next TMA fill.
+// By the scorer (128 threads) after its QK of the tile, before its S_full(t) arrival: the PV
+// warpgroups sync S_full(t) before their first ldmatrix of the stage. fence.proxy.async orders
+// the zeros before the stage's next TMA fill.
 template <class C>
 __device__ __forceinline__ void zero_v_tail(uint8_t* smem, int stage, int valid, int tid) {
   constexpr int kVBlocks = kVDim / C::kSwBytes;   // 8
@@ -121,95 +113,68 @@ __device__ __forceinline__ void zero_v_tail(uint8_t* smem, int stage, int valid,
   wg::fence_proxy_async();
 }
 
-// The scorer's tiles of one work (tokens [tok_start, tok_end), num_tiles tiles); seq: the
-// CTA's tile counter; q_empty: the Q tile's release barrier (arrived after the last QK). On
-// return P(last) is published and the rows' l (quad-summed) and m are in the lm buffer of
-// parity `wpar` (the work's index among this CTA's works, mod 2); wuse: that buffer's use.
+// The scorer's S into slot `slot` (the layout at ScorePvConfig).
 template <class C>
-__device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t bar_full, uint32_t bar_empty,
-                                           uint32_t q_empty, uint32_t& seq, int tok_start, int tok_end,
-                                           int num_tiles, float scale_log2, int wpar, uint32_t wuse, int group,
+__device__ __forceinline__ void store_s(const float (&s)[C::kSTiles][4], uint8_t* smem, int slot, int group, int lane) {
+  float* base = reinterpret_cast<float*>(smem + C::kOffS + slot * C::kSBytes) + group * 8 * 128 + lane * 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      *reinterpret_cast<float4*>(base + (h * 4 + k) * 128) =
+          make_float4(s[2 * k][2 * h], s[2 * k][2 * h + 1], s[2 * k + 1][2 * h], s[2 * k + 1][2 * h + 1]);
+}
+
+// The scorer's tiles of one work (num_tiles tiles, tokens from tok_start to tok_end); seq: the
+// CTA's tile counter; q_empty: the Q tile's release barrier (arrived after the last QK).
+template <class C>
+__device__ __forceinline__ void score_work(uint8_t* smem, uint32_t bar_full, uint32_t bar_empty, uint32_t q_empty,
+                                           uint32_t& seq, int tok_start, int tok_end, int num_tiles, int group,
                                            int lane) {
+  static_assert(C::kSTiles == 8, "score_pv's S slot holds 64-key tiles");
   constexpr int kS = C::kStages;
-  const int r0 = group * 16 + (lane >> 2);
   const int tid = threadIdx.x - kPvThreads;
   for (int t = 0; t < num_tiles; ++t, ++seq) {
     const tile_pairs::StageUse su{static_cast<int>(seq % kS), (seq / kS) & 1};
     const int slot = seq & 1;
     const int tok = tok_start + t * C::BN;
     float s[C::kSTiles][4];
+#ifdef SPV_QK2
+    tile_pairs::qk_tile<C>(s, smem, bar_full, su);
+#else
     qk_tile3<C>(s, smem, bar_full, su);
+#endif
     if (t + 1 == num_tiles) {
       wg::mbar_arrive(q_empty);                                  // the work's last read of Q
       if (tok_end - tok < C::BN) zero_v_tail<C>(smem, su.stage, tok_end - tok, tid);
     }
     wg::mbar_arrive(bar_empty + su.stage * 8);                  // K read
-    if (t > 0) nb_arrive(kBarPFull + (slot ^ 1));                // P(t - 1): its PV runs under this softmax
     AITER_MLA_STAMP(kQk);
-    float mx[2];
-    const float sc = masked_quad_max<C>(s, st, tok + (lane & 3) * 2, tok + C::BN, scale_log2, mx);
-    float mref[2], f[2], sum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(st.m[h], mx[h]);
-      mref[h] = tile_pairs::max_ref(m_new);
-      f[h] = fast_exp2(st.m[h] - mref[h]);
-      st.m[h] = m_new;
-    }
-    if (seq >= 2) nb_sync(kBarPEmpty + slot);                    // PV(seq - 2) is done with this slot
-    if ((lane & 3) == 0) {
-      float* fac = tile_pairs::row_factor<C>(smem, slot);
-      fac[r0] = f[0];
-      fac[r0 + 8] = f[1];
-    }
-    nb_arrive(kBarF + slot);                                     // O^T may be rescaled
-#pragma unroll
-    for (int j = 0; j < C::kSTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = fast_exp2(fmaf(s[j][e], sc, -mref[e >> 1]));
-        sum[e >> 1] += s[j][e];
-      }
-    {
-      uint8_t* pp = smem + C::kOffP + slot * C::kPBytes + transposed_pv::p_row(r0, (lane & 3) * 2);
-#pragma unroll
-      for (int j = 0; j < C::kSTiles; j += 2) {
-        const uint32_t lo0 = fp8::e4m3x2(s[j][0], s[j][1]), hi0 = fp8::e4m3x2(s[j + 1][0], s[j + 1][1]);
-        const uint32_t lo1 = fp8::e4m3x2(s[j][2], s[j][3]), hi1 = fp8::e4m3x2(s[j + 1][2], s[j + 1][3]);
-        *reinterpret_cast<uint32_t*>(pp + transposed_pv::p_step(j)) = lo0 | (hi0 << 16);
-        *reinterpret_cast<uint32_t*>(pp + 512 + transposed_pv::p_step(j)) = lo1 | (hi1 << 16);
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * f[h] + sum[h];
-    wg::fence_proxy_async();   // P -> the PV wgmmas' B operand
+    if (seq >= 2) nb_sync(kBarSEmpty + slot);                    // S(seq - 2) is read
+    AITER_MLA_STAMP(kHandover);
+    store_s<C>(s, smem, slot, group, lane);
+    nb_arrive(kBarSFull + slot);
     AITER_MLA_STAMP(kSoftmax);
   }
-  if (num_tiles > 0) nb_arrive(kBarPFull + ((seq - 1) & 1));     // the work's last P
-  // the rows' l and m for the PV warpgroups' epilogue
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 1);
-    st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 2);
-  }
-  wg::mbar_wait(lm_empty_bar<C>(smem, wpar), (wuse & 1) ^ 1);   // the epilogue of work - 2 read it
-  if ((lane & 3) == 0) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      lm_rows<C>(smem, wpar, 0)[r0 + 8 * h] = st.l[h];
-      lm_rows<C>(smem, wpar, 1)[r0 + 8 * h] = st.m[h];
-    }
-  }
-  wg::mbar_arrive(lm_full_bar<C>(smem, wpar));
 }
 
-// After the scorer's last work: the P_empty arrivals of the CTA's last two tiles, so that no
+// After the scorer's last work: the S_empty arrivals of the CTA's last two tiles, so that no
 // named barrier is left with a pending generation.
 __device__ __forceinline__ void score_finish(uint32_t seq) {
-  for (uint32_t u = seq >= 2 ? seq - 2 : 0; u < seq; ++u) nb_sync(kBarPEmpty + (u & 1));
+  for (uint32_t u = seq >= 2 ? seq - 2 : 0; u < seq; ++u) nb_sync(kBarSEmpty + (u & 1));
 }
 
 // ---- the PV warpgroups --------------------------------------------------------------------------
+// A PV thread's softmax row: row 32 half + 8 group + lane / 4 of the CTA (the scorer's warp
+// 2 half + group / 2, row half group % 2), keys 16 k + 2 (lane % 4) + {0, 1} and + 8 of each
+// 16-key block k in its four float4s of S.
+struct PvRow {
+  float m;        // running max, log2 units (the same in the row's quad)
+  float l;        // partial row sum over this thread's keys
+  int key_end;    // first invisible token of the row (tail / invalid row)
+  int full_end;   // a tile ending at or before it needs no key mask
+};
+
 // This warp's V^T fragments of m-block MB (both k32 steps) from the stage at stage_addr
 // (transposed_pv::load_vt_frags_impl without the tail mask: the scorer zeroed the tail rows).
 template <class C, int MB>
@@ -251,11 +216,76 @@ __device__ __forceinline__ void pv_mblocks(float (&o)[C::kOTiles][4], uint32_t (
   }
 }
 
+// One tile's softmax for this thread's row from S slot `slot`: masks keys at or past key_end
+// (unless the tile ends by full_end), p = 2^(s sc - m_ref) against the row's new running max,
+// P as e4m3 into P slot `slot`, the O^T factor 2^(m_old - m_ref) into factor slot `slot`
+// (quad leader), l = l f + sum p.
+template <class C>
+__device__ __forceinline__ void softmax_row(PvRow& st, uint8_t* smem, int slot, int tok, float scale_log2, int half,
+                                            int group, int lane) {
+  const int row = 32 * half + 8 * group + (lane >> 2);
+  float v[4][4];
+  {
+    const float* src = reinterpret_cast<const float*>(smem + C::kOffS + slot * C::kSBytes) +
+                       ((2 * half + (group >> 1)) * 2 + (group & 1)) * 4 * 128 + lane * 4;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 x = *reinterpret_cast<const float4*>(src + k * 128);
+      v[k][0] = x.x;
+      v[k][1] = x.y;
+      v[k][2] = x.z;
+      v[k][3] = x.w;
+    }
+  }
+  nb_arrive(kBarSEmpty + slot);   // S(t) is in registers
+  AITER_MLA_STAMP(kKvWait);
+  float mx = -INFINITY, sc = 1.f;
+  if (tok + C::BN <= st.full_end && scale_log2 > 0.f) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mx = fmaxf(mx, v[k][e]);
+    sc = scale_log2;
+  } else {
+    const int kbase = tok + 2 * (lane & 3);
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kbase + 16 * k + 8 * (e >> 1) + (e & 1);
+        v[k][e] = key < st.key_end ? v[k][e] * scale_log2 : -INFINITY;
+        mx = fmaxf(mx, v[k][e]);
+      }
+  }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  mx *= sc;
+  const float m_new = fmaxf(st.m, mx);
+  const float mref = tile_pairs::max_ref(m_new);
+  const float f = fast_exp2(st.m - mref);
+  st.m = m_new;
+  if ((lane & 3) == 0) tile_pairs::row_factor<C>(smem, slot)[row] = f;
+  float sum = 0.f;
+  uint8_t* pp = smem + C::kOffP + slot * C::kPBytes + transposed_pv::p_row(row, 2 * (lane & 3));
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      v[k][e] = fast_exp2(fmaf(v[k][e], sc, -mref));
+      sum += v[k][e];
+    }
+    const uint32_t lo = fp8::e4m3x2(v[k][0], v[k][1]), hi = fp8::e4m3x2(v[k][2], v[k][3]);
+    *reinterpret_cast<uint32_t*>(pp + transposed_pv::p_step(2 * k)) = lo | (hi << 16);
+  }
+  st.l = st.l * f + sum;
+  wg::fence_proxy_async();   // P -> the PV wgmmas' B operand
+}
+
 // The PV warpgroups' tiles of one work (see the header); seq: the CTA's tile counter.
 template <class C>
-__device__ __forceinline__ void pv_work(float (&o)[C::kOTiles][4], uint8_t* smem, uint32_t bar_full,
-                                        uint32_t bar_empty, uint32_t& seq, int num_tiles, int half, int group,
-                                        int lane) {
+__device__ __forceinline__ void pv_work(float (&o)[C::kOTiles][4], PvRow& st, uint8_t* smem, uint32_t bar_full,
+                                        uint32_t bar_empty, uint32_t& seq, int tok_start, int num_tiles,
+                                        float scale_log2, int half, int group, int lane) {
   static_assert(C::kMBlocks == 4 && C::BN == 64, "score_pv's PV: 4 m-blocks of 64 V columns, 2 k32 steps");
   constexpr int kS = C::kStages;
   const int m = lane >> 3, i = lane & 7;
@@ -263,8 +293,15 @@ __device__ __forceinline__ void pv_work(float (&o)[C::kOTiles][4], uint8_t* smem
   for (int t = 0; t < num_tiles; ++t, ++seq) {
     const tile_pairs::StageUse su{static_cast<int>(seq % kS), (seq / kS) & 1};
     const int slot = seq & 1;
-    nb_sync(kBarF + slot);
+    nb_sync(kBarSFull + slot);
     AITER_MLA_STAMP(kHandover);
+    softmax_row<C>(st, smem, slot, tok_start + t * C::BN, scale_log2, half, group, lane);
+    AITER_MLA_STAMP(kSoftmax);
+    wg::mbar_wait(bar_full + su.stage * 8, su.parity);   // the stage's TMA bytes (long landed)
+    const uint32_t src = smem_addr(smem + C::kOffKv + su.stage * C::kStageBytes) + (8 * m + i) * 64;
+    uint32_t a[2][C::BN / 32][4];
+    load_vt_mblock<C, 0>(a[0], src, sw, half, group);
+    tile_sync();   // every row's P(t) and factor are written
     {
       float2 f[8];
       if (transposed_pv::load_factors<C>(f, smem, slot, lane)) {
@@ -273,11 +310,6 @@ __device__ __forceinline__ void pv_work(float (&o)[C::kOTiles][4], uint8_t* smem
       }
     }
     wg::fence_operands(o);
-    wg::mbar_wait(bar_full + su.stage * 8, su.parity);   // the stage's TMA bytes (long landed)
-    const uint32_t src = smem_addr(smem + C::kOffKv + su.stage * C::kStageBytes) + (8 * m + i) * 64;
-    uint32_t a[2][C::BN / 32][4];
-    load_vt_mblock<C, 0>(a[0], src, sw, half, group);
-    nb_sync(kBarPFull + slot);
     AITER_MLA_STAMP(kKvWait);
     const uint32_t pb = smem_addr(smem + C::kOffP + slot * C::kPBytes);
     pv_mblocks<C, 0>(o, a, src, sw, pb, bar_empty + su.stage * 8, half, group);
@@ -285,26 +317,32 @@ __device__ __forceinline__ void pv_work(float (&o)[C::kOTiles][4], uint8_t* smem
     wg::fence_operands(o);
     wg::fence_operands(a[0]);
     wg::fence_operands(a[1]);
-    nb_arrive(kBarPEmpty + slot);
     AITER_MLA_STAMP(kPv);
   }
 }
 
-// The epilogue's row state from the scorer's lm buffer of parity wpar (use wuse): m for every
-// thread, l on half 0's quad leaders only, so that transposed_pv::write_output's row_totals (quad
-// sum, then + the other half's) gives exactly l.
+// The epilogue's row state (transposed_pv::write_output's S layout: rows group * 16 + lane / 4
+// + 8 h) from the PV threads' rows through shared memory: m for every thread, l on half 0's
+// quad leaders only, so that row_totals (quad sum, then + the other half's) gives exactly l.
+// The next work's writes come after its consumer_sync.
 template <class C>
-__device__ __forceinline__ void pv_row_state(RowState& st, uint8_t* smem, int wpar, uint32_t wuse, int half,
-                                             int group, int lane) {
+__device__ __forceinline__ void pv_row_state(RowState& out, PvRow& st, uint8_t* smem, int half, int group,
+                                             int lane) {
+  st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
+  st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+  if ((lane & 3) == 0) {
+    const int row = 32 * half + 8 * group + (lane >> 2);
+    lm_rows<C>(smem, 0)[row] = st.l;
+    lm_rows<C>(smem, 1)[row] = st.m;
+  }
+  tile_sync();
   const int r0 = group * 16 + (lane >> 2);
-  wg::mbar_wait(lm_full_bar<C>(smem, wpar), wuse & 1);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float l = lm_rows<C>(smem, wpar, 0)[r0 + 8 * h];
-    st.m[h] = lm_rows<C>(smem, wpar, 1)[r0 + 8 * h];
-    st.l[h] = half == 0 && (lane & 3) == 0 ? l : 0.f;
+    const float l = lm_rows<C>(smem, 0)[r0 + 8 * h];
+    out.m[h] = lm_rows<C>(smem, 1)[r0 + 8 * h];
+    out.l[h] = half == 0 && (lane & 3) == 0 ? l : 0.f;
   }
-  wg::mbar_arrive(lm_empty_bar<C>(smem, wpar));
 }
 
 }  // namespace score_pv
