@@ -4,22 +4,22 @@
 // measurements. It reuses tile_pairs' stages, producer, QK chunks and epilogue.
 //
 // 512 threads, four warpgroups with distinct roles:
-//   warps 0..7  (threads 0..255)   two PV warpgroups. Each runs the online softmax of half of the
-//                                  CTA's rows (PV warpgroup c: rows [32c, 32c + 32), a row per
-//                                  quad) from S in shared memory, writes its rows' e4m3 P and O^T
-//                                  factors, meets the other at one 256-thread barrier a tile, and
-//                                  adds the tile into its 256 V columns of O^T (V^T . P^T, as
-//                                  tile_pairs' warpgroup c); then the epilogue
-//                                  (transposed_pv::write_output, barriers over threads 0..255)
 //   warps 8..11 (threads 256..383) the scorer: QK of every tile (64 rows x 64 keys, three
-//                                  promoted chunks of 6 k-steps) into a 2-slot ring of fp32 S in
-//                                  shared memory; nothing else, so its next QK starts while the
-//                                  PV warpgroups run this tile's softmax and PV
+//                                  promoted chunks of 6 k-steps) into the fp32 S slot of the
+//                                  tile's parity; nothing else, so its next QK starts at once
+//   warps 0..7  (threads 0..255)   two PV warpgroups. PV warpgroup w runs the online softmax of
+//                                  the tiles of parity w (all 64 rows, from S in shared memory:
+//                                  the row max chained through the other's m(t - 1)), writes
+//                                  their e4m3 P and O^T factors, and adds every tile into its
+//                                  256 V columns of O^T (V^T . P^T, as tile_pairs' warpgroup
+//                                  w), in tile order: softmax(t) of its own tile, then PV(t - 1)
+//                                  of the other's, then PV(t) after the next step's softmax.
+//                                  So one warpgroup's softmax runs while the other's PVs and the
+//                                  scorer's QK occupy the tensor cores. Then the epilogue
+//                                  (transposed_pv::write_output, barriers over threads 0..255)
 //   warps 12..15                   the producer warpgroup (warp 12 issues the TMA copies of Q and
 //                                  KV as in tile_pairs, warp 15 checks the inputs)
-// The chain a tile is the longer of the scorer's QK + S store and a PV warpgroup's half softmax
-// + PV; shared memory carries S (16 KB written and read a tile) instead of the softmax's
-// exponentials sitting between two QKs.
+// l is kept per warpgroup (against its own last reference) and merged at the work's end.
 #pragma once
 #include "mla_decode_sm90_tile_pairs.cuh"
 
@@ -29,46 +29,55 @@ namespace score_pv {
 constexpr int kPvThreads = 256;       // the two PV warpgroups (threads 0..255)
 constexpr int kScorerThreads = 128;   // the scorer (threads 256..383)
 constexpr int kConsumerThreads = kPvThreads + kScorerThreads;
-constexpr int kBarSFull = 9;          // + slot: S(t) stored (the scorer arrives, the PV warpgroups sync)
-constexpr int kBarSEmpty = 11;        // + slot: S(t) read (the PV warpgroups arrive, the scorer syncs)
-constexpr int kBarTile = 13;          // the PV warpgroups a tile (256 threads): P(t) and F(t) written
+constexpr int kBarSFull = 9;          // + w: S of a tile of parity w stored (the scorer arrives, PV warpgroup w syncs)
+constexpr int kBarSEmpty = 11;        // + w: ... read (PV warpgroup w arrives, the scorer syncs)
+constexpr int kBarMp = 13;            // + w: PV warpgroup w wrote m, P and F of its tile (w arrives, 1 - w syncs)
 constexpr int kProducerRegs = 24;
-#define SPV_SR 112
-#define SPV_PR 184
-#define SPV_QK2
+#ifndef SPV_SR
+#define SPV_SR 104
+#define SPV_PR 192
+#endif
 constexpr int kScorerRegs = SPV_SR;
 constexpr int kPvRegs = SPV_PR;
 static_assert(kProducerRegs + kScorerRegs + 2 * kPvRegs <= 4 * 128, "the 512-thread launch bound's 128 registers a thread");
 
 // tile_pairs' layout (Q, the 4-stage KV ring, the P slots at kOffP, the factor slots at
-// kOffScale, kOffInv / kOffRed for write_output, the KV and Q barriers), plus two fp32 S slots
-// and the rows' l and m for the epilogue.
-// S slot layout: the scorer's warp g, row half h (rows 16g + lane/4 + 8h), float4 k of lane:
-// floats ((2g + h) 4 + k) 128 + 4 lane .. + 3 = its S values (n8 tile 2k: e, e + 1; tile 2k + 1:
-// e, e + 1) of that row. Each float4 index k is 32 lanes x 16 contiguous bytes (no bank conflict).
+// kOffScale, kOffInv / kOffRed for write_output, the KV and Q barriers), plus two fp32 S slots,
+// two m slots and the P_empty mbarriers. Slot w of S, P, F and m belongs to the tiles of
+// parity w (the CTA's tile counter), so PV warpgroup w writes P, F and m slot w.
+// S slot layout: the scorer's thread (group, lane) stores its s[8][4] as 8 float4s, float4 j at
+// ((group 8 + j) 32 + lane); PV thread (group, lane) reads back the same values (rows
+// 16 group + lane / 4, + 8). Each j is 32 lanes x 16 contiguous bytes (no bank conflict).
 template <int BlockN, int PageSize, bool Causal>
 struct ScorePvConfig : tile_pairs::TilePairsConfig<BlockN, PageSize, Causal> {
   using B = tile_pairs::TilePairsConfig<BlockN, PageSize, Causal>;
   static constexpr int kSBytes = kRows * B::BN * 4;                // one S slot, fp32
   static constexpr int kOffS = (B::kSmemBytes + 127) / 128 * 128;
-  static constexpr int kOffLm = kOffS + 2 * kSBytes;               // [l, m][64] floats
-  static constexpr int kSmemBytes = kOffLm + 2 * kRows * 4;
+  static constexpr int kOffM = kOffS + 2 * kSBytes;                // m(t) [2][64] floats
+  static constexpr int kOffPEmpty = kOffM + 2 * kRows * 4;         // p_empty[2] mbarriers
+  static constexpr int kSmemBytes = kOffPEmpty + 2 * 8;
   static_assert(B::kSwizzled && B::kQTma, "score_pv runs TMA stages (page_size >= 8; rendered at >= 64)");
   static_assert(B::kTmaRows == B::BN, "score_pv is rendered for pages holding a whole tile");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory tile does not fit an sm_90 CTA (227 KB)");
 };
 
-__device__ __forceinline__ void nb_arrive(int id) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerThreads) : "memory");
-}
-__device__ __forceinline__ void nb_sync(int id) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kConsumerThreads) : "memory");
-}
-__device__ __forceinline__ void tile_sync() { asm volatile("bar.sync %0, %1;\n" ::"n"(kBarTile), "n"(kPvThreads) : "memory"); }
+// Named barriers of 256 threads: the scorer with one PV warpgroup (S), or the two PV warpgroups (m, P, F).
+__device__ __forceinline__ void nb_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void nb_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 
 template <class C>
-__device__ __forceinline__ float* lm_rows(uint8_t* smem, int which) {   // which 0: l, 1: m
-  return reinterpret_cast<float*>(smem + C::kOffLm) + which * kRows;
+__device__ __forceinline__ float* m_slot(uint8_t* smem, int w) {
+  return reinterpret_cast<float*>(smem + C::kOffM) + w * kRows;
+}
+// p_empty[w]: PV warpgroup 1 - w's 128 threads arrive once their PV of a tile of parity w is done
+// (P, F and m slot w may be written again); warpgroup w waits before its next write of them.
+template <class C>
+__device__ __forceinline__ uint32_t p_empty_bar(const uint8_t* smem, int w) {
+  return smem_addr(smem + C::kOffPEmpty) + w * 8;
+}
+template <class C>
+__device__ __forceinline__ void init_barriers(const uint8_t* smem) {
+  for (int w = 0; w < 2; ++w) wg::mbar_init(p_empty_bar<C>(smem, w), 128);
 }
 
 // ---- the scorer -------------------------------------------------------------------------------
@@ -97,9 +106,9 @@ __device__ __forceinline__ void qk_tile3(float (&s)[C::kSTiles][4], const uint8_
 
 // V rows [valid, BN) of a stage -> 0 (the 8 V column blocks of 64-byte rows; the RoPE block is
 // K only). Past a work's end a page may hold anything (NaN), and P = 0 there must not meet it.
-// By the scorer (128 threads) after its QK of the tile, before its S_full(t) arrival: the PV
-// warpgroups sync S_full(t) before their first ldmatrix of the stage. fence.proxy.async orders
-// the zeros before the stage's next TMA fill.
+// By the scorer (128 threads) after its QK of the tile, before its S_full arrival: the PV
+// warpgroups read the stage's V after that (the owner through S_full, the other through the
+// owner's m/P arrival). fence.proxy.async orders the zeros before the stage's next TMA fill.
 template <class C>
 __device__ __forceinline__ void zero_v_tail(uint8_t* smem, int stage, int valid, int tid) {
   constexpr int kVBlocks = kVDim / C::kSwBytes;   // 8
@@ -113,16 +122,9 @@ __device__ __forceinline__ void zero_v_tail(uint8_t* smem, int stage, int valid,
   wg::fence_proxy_async();
 }
 
-// The scorer's S into slot `slot` (the layout at ScorePvConfig).
 template <class C>
-__device__ __forceinline__ void store_s(const float (&s)[C::kSTiles][4], uint8_t* smem, int slot, int group, int lane) {
-  float* base = reinterpret_cast<float*>(smem + C::kOffS + slot * C::kSBytes) + group * 8 * 128 + lane * 4;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      *reinterpret_cast<float4*>(base + (h * 4 + k) * 128) =
-          make_float4(s[2 * k][2 * h], s[2 * k][2 * h + 1], s[2 * k + 1][2 * h], s[2 * k + 1][2 * h + 1]);
+__device__ __forceinline__ float* s_slot(uint8_t* smem, int w, int group, int lane) {
+  return reinterpret_cast<float*>(smem + C::kOffS + w * C::kSBytes) + (group * 8 * 32 + lane) * 4;
 }
 
 // The scorer's tiles of one work (num_tiles tiles, tokens from tok_start to tok_end); seq: the
@@ -136,13 +138,13 @@ __device__ __forceinline__ void score_work(uint8_t* smem, uint32_t bar_full, uin
   const int tid = threadIdx.x - kPvThreads;
   for (int t = 0; t < num_tiles; ++t, ++seq) {
     const tile_pairs::StageUse su{static_cast<int>(seq % kS), (seq / kS) & 1};
-    const int slot = seq & 1;
+    const int w = seq & 1;
     const int tok = tok_start + t * C::BN;
     float s[C::kSTiles][4];
-#ifdef SPV_QK2
-    tile_pairs::qk_tile<C>(s, smem, bar_full, su);
-#else
+#ifdef SPV_QK3
     qk_tile3<C>(s, smem, bar_full, su);
+#else
+    tile_pairs::qk_tile<C>(s, smem, bar_full, su);
 #endif
     if (t + 1 == num_tiles) {
       wg::mbar_arrive(q_empty);                                  // the work's last read of Q
@@ -150,31 +152,23 @@ __device__ __forceinline__ void score_work(uint8_t* smem, uint32_t bar_full, uin
     }
     wg::mbar_arrive(bar_empty + su.stage * 8);                  // K read
     AITER_MLA_STAMP(kQk);
-    if (seq >= 2) nb_sync(kBarSEmpty + slot);                    // S(seq - 2) is read
+    if (seq >= 2) nb_sync(kBarSEmpty + w);                       // S(seq - 2) is read
     AITER_MLA_STAMP(kHandover);
-    store_s<C>(s, smem, slot, group, lane);
-    nb_arrive(kBarSFull + slot);
+    float* dst = s_slot<C>(smem, w, group, lane);
+#pragma unroll
+    for (int j = 0; j < C::kSTiles; ++j) *reinterpret_cast<float4*>(dst + j * 128) = make_float4(s[j][0], s[j][1], s[j][2], s[j][3]);
+    nb_arrive(kBarSFull + w);
     AITER_MLA_STAMP(kSoftmax);
   }
 }
 
-// After the scorer's last work: the S_empty arrivals of the CTA's last two tiles, so that no
+// After the scorer's last work: the S_empty syncs of the CTA's last two tiles, so that no
 // named barrier is left with a pending generation.
 __device__ __forceinline__ void score_finish(uint32_t seq) {
   for (uint32_t u = seq >= 2 ? seq - 2 : 0; u < seq; ++u) nb_sync(kBarSEmpty + (u & 1));
 }
 
 // ---- the PV warpgroups --------------------------------------------------------------------------
-// A PV thread's softmax row: row 32 half + 8 group + lane / 4 of the CTA (the scorer's warp
-// 2 half + group / 2, row half group % 2), keys 16 k + 2 (lane % 4) + {0, 1} and + 8 of each
-// 16-key block k in its four float4s of S.
-struct PvRow {
-  float m;        // running max, log2 units (the same in the row's quad)
-  float l;        // partial row sum over this thread's keys
-  int key_end;    // first invisible token of the row (tail / invalid row)
-  int full_end;   // a tile ending at or before it needs no key mask
-};
-
 // This warp's V^T fragments of m-block MB (both k32 steps) from the stage at stage_addr
 // (transposed_pv::load_vt_frags_impl without the tail mask: the scorer zeroed the tail rows).
 template <class C, int MB>
@@ -216,133 +210,149 @@ __device__ __forceinline__ void pv_mblocks(float (&o)[C::kOTiles][4], uint32_t (
   }
 }
 
-// One tile's softmax for this thread's row from S slot `slot`: masks keys at or past key_end
-// (unless the tile ends by full_end), p = 2^(s sc - m_ref) against the row's new running max,
-// P as e4m3 into P slot `slot`, the O^T factor 2^(m_old - m_ref) into factor slot `slot`
-// (quad leader), l = l f + sum p.
-template <class C>
-__device__ __forceinline__ void softmax_row(PvRow& st, uint8_t* smem, int slot, int tok, float scale_log2, int half,
-                                            int group, int lane) {
-  const int row = 32 * half + 8 * group + (lane >> 2);
-  float v[4][4];
-  {
-    const float* src = reinterpret_cast<const float*>(smem + C::kOffS + slot * C::kSBytes) +
-                       ((2 * half + (group >> 1)) * 2 + (group & 1)) * 4 * 128 + lane * 4;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float4 x = *reinterpret_cast<const float4*>(src + k * 128);
-      v[k][0] = x.x;
-      v[k][1] = x.y;
-      v[k][2] = x.z;
-      v[k][3] = x.w;
-    }
-  }
-  nb_arrive(kBarSEmpty + slot);   // S(t) is in registers
-  AITER_MLA_STAMP(kKvWait);
-  float mx = -INFINITY, sc = 1.f;
-  if (tok + C::BN <= st.full_end && scale_log2 > 0.f) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) mx = fmaxf(mx, v[k][e]);
-    sc = scale_log2;
-  } else {
-    const int kbase = tok + 2 * (lane & 3);
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = kbase + 16 * k + 8 * (e >> 1) + (e & 1);
-        v[k][e] = key < st.key_end ? v[k][e] * scale_log2 : -INFINITY;
-        mx = fmaxf(mx, v[k][e]);
-      }
-  }
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  mx *= sc;
-  const float m_new = fmaxf(st.m, mx);
-  const float mref = tile_pairs::max_ref(m_new);
-  const float f = fast_exp2(st.m - mref);
-  st.m = m_new;
-  if ((lane & 3) == 0) tile_pairs::row_factor<C>(smem, slot)[row] = f;
-  float sum = 0.f;
-  uint8_t* pp = smem + C::kOffP + slot * C::kPBytes + transposed_pv::p_row(row, 2 * (lane & 3));
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      v[k][e] = fast_exp2(fmaf(v[k][e], sc, -mref));
-      sum += v[k][e];
-    }
-    const uint32_t lo = fp8::e4m3x2(v[k][0], v[k][1]), hi = fp8::e4m3x2(v[k][2], v[k][3]);
-    *reinterpret_cast<uint32_t*>(pp + transposed_pv::p_step(2 * k)) = lo | (hi << 16);
-  }
-  st.l = st.l * f + sum;
-  wg::fence_proxy_async();   // P -> the PV wgmmas' B operand
-}
+// A PV warpgroup's rows (the S layout: rows r0 = 16 group + lane / 4 and r0 + 8): st.m the
+// running max as of the last softmax it ran or merged, st.l its own tiles' partial sums against
+// lref (the row max at its last own tile; -inf while the row has seen no key, when st.l is 0),
+// key_end / full_end as RowState.
+struct PvRows {
+  RowState st;
+  float lref[2];
+};
 
-// The PV warpgroups' tiles of one work (see the header); seq: the CTA's tile counter.
+// Softmax of tile `seq` (parity w = this warpgroup): S from slot w, the row max merged with
+// m(t - 1) from slot 1 - w (after the other's m/P arrival; `first`: the work's first tile, m =
+// -inf), then m(t), F(t) = 2^(m(t - 1) - ref) and e4m3 P(t) into slot w, l += p against ref.
 template <class C>
-__device__ __forceinline__ void pv_work(float (&o)[C::kOTiles][4], PvRow& st, uint8_t* smem, uint32_t bar_full,
-                                        uint32_t bar_empty, uint32_t& seq, int tok_start, int num_tiles,
-                                        float scale_log2, int half, int group, int lane) {
-  static_assert(C::kMBlocks == 4 && C::BN == 64, "score_pv's PV: 4 m-blocks of 64 V columns, 2 k32 steps");
-  constexpr int kS = C::kStages;
-  const int m = lane >> 3, i = lane & 7;
-  const uint32_t sw = static_cast<uint32_t>(i >> 1) & 3;   // (row / 2) % 4 of this lane's rows
-  for (int t = 0; t < num_tiles; ++t, ++seq) {
-    const tile_pairs::StageUse su{static_cast<int>(seq % kS), (seq / kS) & 1};
-    const int slot = seq & 1;
-    nb_sync(kBarSFull + slot);
-    AITER_MLA_STAMP(kHandover);
-    softmax_row<C>(st, smem, slot, tok_start + t * C::BN, scale_log2, half, group, lane);
-    AITER_MLA_STAMP(kSoftmax);
-    wg::mbar_wait(bar_full + su.stage * 8, su.parity);   // the stage's TMA bytes (long landed)
-    const uint32_t src = smem_addr(smem + C::kOffKv + su.stage * C::kStageBytes) + (8 * m + i) * 64;
-    uint32_t a[2][C::BN / 32][4];
-    load_vt_mblock<C, 0>(a[0], src, sw, half, group);
-    tile_sync();   // every row's P(t) and factor are written
-    {
-      float2 f[8];
-      if (transposed_pv::load_factors<C>(f, smem, slot, lane)) {
-#pragma unroll
-        for (int mb = 0; mb < C::kMBlocks; ++mb) transposed_pv::scale_mblock(o, mb, f);
-      }
-    }
-    wg::fence_operands(o);
-    AITER_MLA_STAMP(kKvWait);
-    const uint32_t pb = smem_addr(smem + C::kOffP + slot * C::kPBytes);
-    pv_mblocks<C, 0>(o, a, src, sw, pb, bar_empty + su.stage * 8, half, group);
-    wg::wgmma_wait<0>();
-    wg::fence_operands(o);
-    wg::fence_operands(a[0]);
-    wg::fence_operands(a[1]);
-    AITER_MLA_STAMP(kPv);
-  }
-}
-
-// The epilogue's row state (transposed_pv::write_output's S layout: rows group * 16 + lane / 4
-// + 8 h) from the PV threads' rows through shared memory: m for every thread, l on half 0's
-// quad leaders only, so that row_totals (quad sum, then + the other half's) gives exactly l.
-// The next work's writes come after its consumer_sync.
-template <class C>
-__device__ __forceinline__ void pv_row_state(RowState& out, PvRow& st, uint8_t* smem, int half, int group,
-                                             int lane) {
-  st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
-  st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
-  if ((lane & 3) == 0) {
-    const int row = 32 * half + 8 * group + (lane >> 2);
-    lm_rows<C>(smem, 0)[row] = st.l;
-    lm_rows<C>(smem, 1)[row] = st.m;
-  }
-  tile_sync();
+__device__ __forceinline__ void softmax_own(PvRows& r, uint32_t& puse, uint8_t* smem, int w, bool first, int tok,
+                                            float scale_log2, int group, int lane) {
   const int r0 = group * 16 + (lane >> 2);
+  nb_sync(kBarSFull + w);
+  AITER_MLA_STAMP(kHandover);
+  float s[C::kSTiles][4];
+  {
+    const float* src = s_slot<C>(smem, w, group, lane);
+#pragma unroll
+    for (int j = 0; j < C::kSTiles; ++j) {
+      const float4 x = *reinterpret_cast<const float4*>(src + j * 128);
+      s[j][0] = x.x;
+      s[j][1] = x.y;
+      s[j][2] = x.z;
+      s[j][3] = x.w;
+    }
+  }
+  nb_arrive(kBarSEmpty + w);   // S is in registers
+  float mx[2];
+  const float sc = masked_quad_max<C>(s, r.st, tok + (lane & 3) * 2, tok + C::BN, scale_log2, mx);
+  float m_prev[2] = {-INFINITY, -INFINITY};
+  if (!first) {
+    nb_sync(kBarMp + (w ^ 1));   // the other's m(t - 1), P(t - 1), F(t - 1)
+    m_prev[0] = m_slot<C>(smem, w ^ 1)[r0];
+    m_prev[1] = m_slot<C>(smem, w ^ 1)[r0 + 8];
+  }
+  AITER_MLA_STAMP(kKvWait);
+  float mref[2], f[2], g[2], sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float l = lm_rows<C>(smem, 0)[r0 + 8 * h];
-    out.m[h] = lm_rows<C>(smem, 1)[r0 + 8 * h];
-    out.l[h] = half == 0 && (lane & 3) == 0 ? l : 0.f;
+    const float m_new = fmaxf(m_prev[h], mx[h]);
+    mref[h] = tile_pairs::max_ref(m_new);
+    f[h] = fast_exp2(m_prev[h] - mref[h]);
+    g[h] = fast_exp2(r.lref[h] - mref[h]);   // this warpgroup's l to the new reference (0 from -inf)
+    r.st.m[h] = m_new;
   }
+  if (puse > 0) wg::mbar_wait(p_empty_bar<C>(smem, w), (puse - 1) & 1);   // the other's PV of slot w's last tile
+  ++puse;
+  if ((lane & 3) == 0) {
+    float* fac = tile_pairs::row_factor<C>(smem, w);
+    fac[r0] = f[0];
+    fac[r0 + 8] = f[1];
+    m_slot<C>(smem, w)[r0] = r.st.m[0];
+    m_slot<C>(smem, w)[r0 + 8] = r.st.m[1];
+  }
+#pragma unroll
+  for (int j = 0; j < C::kSTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[j][e] = fast_exp2(fmaf(s[j][e], sc, -mref[e >> 1]));
+      sum[e >> 1] += s[j][e];
+    }
+  {
+    uint8_t* pp = smem + C::kOffP + w * C::kPBytes + transposed_pv::p_row(r0, (lane & 3) * 2);
+#pragma unroll
+    for (int j = 0; j < C::kSTiles; j += 2) {
+      const uint32_t lo0 = fp8::e4m3x2(s[j][0], s[j][1]), hi0 = fp8::e4m3x2(s[j + 1][0], s[j + 1][1]);
+      const uint32_t lo1 = fp8::e4m3x2(s[j][2], s[j][3]), hi1 = fp8::e4m3x2(s[j + 1][2], s[j + 1][3]);
+      *reinterpret_cast<uint32_t*>(pp + transposed_pv::p_step(j)) = lo0 | (hi0 << 16);
+      *reinterpret_cast<uint32_t*>(pp + 512 + transposed_pv::p_step(j)) = lo1 | (hi1 << 16);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    r.st.l[h] = r.st.l[h] * g[h] + sum[h];
+    r.lref[h] = r.st.m[h];
+  }
+  wg::fence_proxy_async();   // P -> the PV wgmmas' B operand
+  nb_arrive(kBarMp + w);
+  wg::wg_sync(w);            // every row's P(t) and F(t) before this warpgroup's own rescale and PV(t)
+  AITER_MLA_STAMP(kSoftmax);
+}
+
+// PV of tile `seq` (parity tw) into this warpgroup's O^T columns: rescale by F(tw), V^T . P(tw)^T,
+// waited; then, for the other's tile, this warpgroup's arrival on its p_empty.
+template <class C>
+__device__ __forceinline__ void pv_tile(float (&o)[C::kOTiles][4], uint8_t* smem, uint32_t bar_full,
+                                        uint32_t bar_empty, uint32_t seq, int w, int group, int lane) {
+  constexpr int kS = C::kStages;
+  const tile_pairs::StageUse su{static_cast<int>(seq % kS), (seq / kS) & 1};
+  const int tw = seq & 1;
+  {
+    float2 f[8];
+    if (transposed_pv::load_factors<C>(f, smem, tw, lane)) {
+#pragma unroll
+      for (int mb = 0; mb < C::kMBlocks; ++mb) transposed_pv::scale_mblock(o, mb, f);
+    }
+  }
+  wg::fence_operands(o);
+  wg::mbar_wait(bar_full + su.stage * 8, su.parity);   // the stage's TMA bytes (long landed)
+  const int m = lane >> 3, i = lane & 7;
+  const uint32_t sw = static_cast<uint32_t>(i >> 1) & 3;   // (row / 2) % 4 of this lane's rows
+  const uint32_t src = smem_addr(smem + C::kOffKv + su.stage * C::kStageBytes) + (8 * m + i) * 64;
+  uint32_t a[2][C::BN / 32][4];
+  load_vt_mblock<C, 0>(a[0], src, sw, w, group);
+  const uint32_t pb = smem_addr(smem + C::kOffP + tw * C::kPBytes);
+  pv_mblocks<C, 0>(o, a, src, sw, pb, bar_empty + su.stage * 8, w, group);
+  wg::wgmma_wait<0>();
+  wg::fence_operands(o);
+  wg::fence_operands(a[0]);
+  wg::fence_operands(a[1]);
+  if (tw != w) wg::mbar_arrive(p_empty_bar<C>(smem, tw));   // done with the other's P, F slot
+  AITER_MLA_STAMP(kPv);
+}
+
+// The PV warpgroups' tiles of one work (see the header); seq: the CTA's tile counter. On return
+// r.st holds, for the epilogue, m = the work's final max and l = this warpgroup's partial sums
+// against its reference (row_totals adds the two warpgroups' quad sums).
+template <class C>
+__device__ __forceinline__ void pv_work(float (&o)[C::kOTiles][4], PvRows& r, uint32_t& puse, uint8_t* smem,
+                                        uint32_t bar_full, uint32_t bar_empty, uint32_t& seq, int tok_start, int num_tiles,
+                                        float scale_log2, int w, int group, int lane) {
+  static_assert(C::kMBlocks == 4 && C::BN == 64, "score_pv's PV: 4 m-blocks of 64 V columns, 2 k32 steps");
+  if (num_tiles <= 0) return;
+  if ((seq & 1) == w) softmax_own<C>(r, puse, smem, w, true, tok_start, scale_log2, group, lane);
+  for (int t = 1; t < num_tiles; ++t) {
+    if (((seq + t) & 1) == w) softmax_own<C>(r, puse, smem, w, false, tok_start + t * C::BN, scale_log2, group, lane);
+    pv_tile<C>(o, smem, bar_full, bar_empty, seq + t - 1, w, group, lane);
+  }
+  const uint32_t last = seq + num_tiles - 1;
+  if ((last & 1) != w) {   // the other's last tile: its m/P arrival, and the work's final max
+    nb_sync(kBarMp + (w ^ 1));
+    const int r0 = group * 16 + (lane >> 2);
+    r.st.m[0] = m_slot<C>(smem, w ^ 1)[r0];
+    r.st.m[1] = m_slot<C>(smem, w ^ 1)[r0 + 8];
+  }
+  pv_tile<C>(o, smem, bar_full, bar_empty, last, w, group, lane);
+  seq += num_tiles;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) r.st.l[h] *= fast_exp2(r.lref[h] - tile_pairs::max_ref(r.st.m[h]));
 }
 
 }  // namespace score_pv
