@@ -133,18 +133,32 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
   constexpr int kS = C::kStages;
   const int r0 = group * 16 + (lane >> 2);
   const int tid = threadIdx.x - kPvThreads;
+  // QK(t + 1)'s first chunk is issued before softmax(t), so the tensor cores run it while this
+  // warpgroup computes the exponentials; its other chunks follow the softmax. A work's last tile
+  // issues a dummy QK (discarded) on its own stage, both operands from the stage, so that every
+  // iteration has the same wgmma groups (a wgmma issued under a branch serialises them all);
+  // Q is released at once, that stage after the dummy is waited.
+  const uint32_t q_addr = smem_addr(smem + C::kOffQ);
+  float s[C::kSTiles][4];
+  if (num_tiles > 0) qk_tile3<C>(s, smem, bar_full, tile_pairs::StageUse{static_cast<int>(seq % kS), (seq / kS) & 1});
   for (int t = 0; t < num_tiles; ++t, ++seq) {
     const tile_pairs::StageUse su{static_cast<int>(seq % kS), (seq / kS) & 1};
+    const tile_pairs::StageUse su1{static_cast<int>((seq + 1) % kS), ((seq + 1) / kS) & 1};
     const int slot = seq & 1;
     const int tok = tok_start + t * C::BN;
-    float s[C::kSTiles][4];
-    qk_tile3<C>(s, smem, bar_full, su);
-    if (t + 1 == num_tiles) {
+    const bool last = t + 1 == num_tiles;
+    if (last) {
       wg::mbar_arrive(q_empty);                                  // the work's last read of Q
       if (tok_end - tok < C::BN) zero_v_tail<C>(smem, su.stage, tok_end - tok, tid);
+    } else {
+      wg::mbar_arrive(bar_empty + su.stage * 8);                // K read
+      wg::mbar_wait(bar_full + su1.stage * 8, su1.parity);      // tile t + 1's stage
     }
-    wg::mbar_arrive(bar_empty + su.stage * 8);                  // K read
     if (t > 0) nb_arrive(kBarPFull + (slot ^ 1));                // P(t - 1): its PV runs under this softmax
+    const uint32_t k_next = smem_addr(smem + C::kOffKv + (last ? su.stage : su1.stage) * C::kStageBytes);
+    const uint32_t q_next = last ? k_next : q_addr;
+    float sn[C::kSTiles][4];
+    tile_pairs::qk_chunk<C, 0>(sn, q_next, k_next);
     AITER_MLA_STAMP(kQk);
     float mx[2];
     const float sc = masked_quad_max<C>(s, st, tok + (lane & 3) * 2, tok + C::BN, scale_log2, mx);
@@ -184,6 +198,22 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
     for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * f[h] + sum[h];
     wg::fence_proxy_async();   // P -> the PV wgmmas' B operand
     AITER_MLA_STAMP(kSoftmax);
+    {   // QK(t + 1)'s other chunks (S in sn, two accumulators), waited
+      float acc0[C::kSTiles][4], acc1[C::kSTiles][4];
+      tile_pairs::qk_chunk<C, 1>(acc0, q_next, k_next);
+      tile_pairs::qk_chunk<C, 2>(acc1, q_next, k_next);
+      wg::wgmma_wait<1>();
+      wg::fence_operands(sn);
+      wg::qk_add<C>(sn, acc0);
+      wg::wgmma_wait<0>();
+      wg::qk_add<C>(sn, acc1);
+      wg::fence_operands(sn);
+    }
+    if (last) wg::mbar_arrive(bar_empty + su.stage * 8);       // K read (and the dummy's reads)
+#pragma unroll
+    for (int j = 0; j < C::kSTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = sn[j][e];
   }
   if (num_tiles > 0) nb_arrive(kBarPFull + ((seq - 1) & 1));     // the work's last P
   // the rows' l and m for the PV warpgroups' epilogue
