@@ -777,6 +777,30 @@ def test_info_reports_a_pin_folder_variable_that_does_not_work(fake_jit, capsys,
                         f"is not a folder"], out
 
 
+def test_list_without_a_renderer_shows_what_a_load_takes(fake_jit, capsys, monkeypatch):
+    """No jinja2 (a --no-deps install): a variant built here is found by its lookup id, so a
+    load takes it without rendering. list called it '[unknown] ... cannot render ..., built by
+    another toolchain: served with AITER_MLA_DISABLE_JIT=1 where no compiler is found', wrong on
+    both counts, and exited 1 (fresh-user report). It is '[ cached]' with its key."""
+    assert main(["jit", "build", "--all"]) == 0
+    capsys.readouterr()
+    key = core.variant_key("fake", arch="sm_90a", n=1, flavor="a")[0]
+
+    def no_jinja2(*args, **kwargs):
+        raise ImportError("No module named 'jinja2'")
+
+    monkeypatch.setattr(core, "render", no_jinja2)
+    core.reset_state()
+    assert core.get_module("fake", arch="sm_90a", n=1, flavor="a").key == key   # what a load takes
+    assert main(["jit", "list", "--json"]) == 0
+    mods = {m["module"]: m for m in json.loads(capsys.readouterr().out)["modules"]}
+    row = next(v for v in mods["fake"]["variants"] if v["default"] and v["params"]["n"] == 1)
+    assert row["status"] == "cached" and row["key"] == key and not row.get("note"), row
+    assert main(["jit", "list"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if " fake(" in line]
+    assert rows and all(r.lstrip().startswith("[ cached]") and "another toolchain" not in r for r in rows), rows
+
+
 def test_list_fails_on_a_variant_that_cannot_be_rendered(fake_jit, capsys, monkeypatch):
     """A template that does not render (here a Jinja syntax error; on a --no-deps install, no
     jinja2): every variant showed [unknown] and list exited 0 (fresh-user report). Now it names

@@ -1337,8 +1337,16 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
         aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, qo, 1, 0.1, split_o, split_l, o)
     # a mistake besides the device is named first (the fresh-user trial, on a CPU machine, saw
     # only the device message for a bad dtype, shape or page size)
-    with pytest.raises(NotImplementedError, match="q dtype torch.float32 with kv dtype torch.bfloat16"):
+    with pytest.raises(NotImplementedError, match="q dtype torch.float32 with kv_buffer dtype torch.bfloat16"):
         aiter_mla.mla_decode_fwd(q.float(), kv, o, qo, kvi, idx, last, 1, page_size=16)
+    # each entry point names its own arguments (hk_mla_decode_fwd's are query, kv_buffer; the
+    # fresh-user trial saw "q dtype" from it)
+    with pytest.raises(NotImplementedError, match="query dtype torch.float32 with kv_buffer dtype torch.bfloat16"):
+        aiter_mla.hk_mla_decode_fwd(q.float(), kv, qo, kvi, idx, last, qo, wis, 1, 0.1, split_o, split_l, o)
+    with pytest.raises(NotImplementedError, match=r"^MlaDecodePlanner: \(num_heads, max_seqlen_q\) = \(129, 1\)"):
+        aiter_mla.MlaDecodePlanner(8, 129, sm_scale=0.1, max_num_pages=16)
+    with pytest.raises(NotImplementedError, match="^MlaDecodePlanner: page_size 3 is not supported"):
+        aiter_mla.MlaDecodePlanner(8, 16, sm_scale=0.1, max_num_pages=16, page_size=3)
     with pytest.raises(NotImplementedError, match=r"\(num_heads, max_seqlen_q\) = \(16, 17\)"):
         aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last, 17, page_size=16)
     with pytest.raises(ValueError, match="page_size=8 does not match kv_buffer.shape"):

@@ -404,6 +404,9 @@ def _cache_status(name: str, params: dict) -> tuple[str, str]:
             return "unknown", f"no toolchain: {exc}"
         return _status_without_compiler(name, params)
     except (RenderError, ImportError) as exc:   # a broken template, or no jinja2
+        indexed = _indexed_key(name, params)
+        if indexed:   # a load takes this entry without rendering: it is cached for this process
+            return "cached", indexed
         return "unknown", f"{_CANNOT_RENDER}: {exc}"
     except Exception as exc:
         return "unknown", str(exc)
@@ -416,6 +419,20 @@ def _cache_status(name: str, params: dict) -> tuple[str, str]:
         elif got is not None:
             return "cached", key
     return status, key
+
+
+def _indexed_key(name: str, params: dict) -> str | None:
+    """The key a load finds through the lookup index (no render: what core.build_variant tries
+    first), when it names a verified entry; else None."""
+    try:
+        plan = core._plan(name, params)
+    except Exception:
+        return None
+    for cache in core._get_state().caches:
+        key = cache.read_index(plan.lookup)
+        if key and isinstance(cache.read_entry(key, plan.params["arch"]), core.Entry):
+            return key
+    return None
 
 
 def _status_without_compiler(name: str, params: dict) -> tuple[str, str]:

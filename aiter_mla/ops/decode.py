@@ -170,7 +170,8 @@ def _supported_text() -> str:
 
 
 def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: torch.dtype,
-                   kv_dtype: torch.dtype, *, target: str = "sm_90a") -> dict:
+                   kv_dtype: torch.dtype, *, target: str = "sm_90a", who: str = "mla decode",
+                   tensor_names: tuple[str, str] | None = None) -> dict:
     """The ``mla_decode`` template parameters for a problem shape (the JIT variant) on
     ``target`` (sm_90a; gfx942 / gfx950: :func:`amd_decode_variant`).
 
@@ -181,7 +182,9 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
     Raises TypeError when num_heads / max_seqlen_q / page_size is not an int (bools and floats
     included) or q_dtype / kv_dtype is not a torch.dtype, ValueError when num_heads or
     max_seqlen_q is < 1, and NotImplementedError (listing what is supported) for any other
-    shape, dtype pair or page size.
+    shape, dtype pair or page size. Messages start with ``who`` (the caller's name) and name
+    the dtypes as ``q_dtype`` / ``kv_dtype``, or as the dtypes of the caller's tensors
+    ``tensor_names`` (e.g. ``("query", "kv_buffer")``).
     """
     if target != "sm_90a":
         return amd_decode_variant(num_heads, max_seqlen_q, page_size, q_dtype, kv_dtype, target=target)
@@ -191,21 +194,21 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
     key = (num_heads, max_seqlen_q)
     for name, value in (("num_heads", num_heads), ("max_seqlen_q", max_seqlen_q)):
         if value < 1:
-            raise ValueError(f"mla decode: {name} must be >= 1, got {value}")
+            raise ValueError(f"{who}: {name} must be >= 1, got {value}")
     if not is_supported_shape(num_heads, max_seqlen_q):
         raise NotImplementedError(
-            f"mla decode: (num_heads, max_seqlen_q) = {key} is not supported; {_supported_text()}")
+            f"{who}: (num_heads, max_seqlen_q) = {key} is not supported; {_supported_text()}")
     for name, dt in (("q_dtype", q_dtype), ("kv_dtype", kv_dtype)):
         if not isinstance(dt, torch.dtype):
             raise TypeError(f"{name} must be a torch.dtype (torch.float8_e4m3fn or torch.bfloat16), "
                             f"got {dt!r} ({type(dt).__name__})")
     if q_dtype not in SUPPORTED_DTYPES or kv_dtype != q_dtype:
+        qn, kvn = (f"{n} dtype" for n in tensor_names) if tensor_names else ("q_dtype", "kv_dtype")
         raise NotImplementedError(
-            f"mla decode: q dtype {q_dtype} with kv dtype {kv_dtype} is not supported; "
-            f"{_supported_text()}")
+            f"{who}: {qn} {q_dtype} with {kvn} {kv_dtype} is not supported; {_supported_text()}")
     if not (1 <= page_size <= 256 and page_size & (page_size - 1) == 0):
         raise NotImplementedError(
-            f"mla decode: page_size {page_size} is not supported; {_supported_text()}")
+            f"{who}: page_size {page_size} is not supported; {_supported_text()}")
     dt = SUPPORTED_DTYPES[q_dtype]
     mask = "causal" if max_seqlen_q > 1 else "none"
     return dict(arch="sm_90a", block_m=arch.tile_rows(num_heads, max_seqlen_q), page_size=int(page_size), block_n=64,
@@ -389,7 +392,8 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
     page_size = int(kv_buffer.shape[1])
     max_seqlen_q = require_int("max_seqlen_q", max_seqlen_q)
     if params is None:
-        params = decode_variant(num_heads, max_seqlen_q, page_size, query.dtype, kv_buffer.dtype)
+        params = decode_variant(num_heads, max_seqlen_q, page_size, query.dtype, kv_buffer.dtype,
+                                tensor_names=("query", "kv_buffer"))
     _check_tensor(final_output, "final_output", torch.bfloat16, device, dim=3)
     if tuple(final_output.shape) != (total_q, num_heads, V_HEAD_DIM):
         raise ValueError(f"final_output must be [{total_q}, {num_heads}, {V_HEAD_DIM}] (query rows, "
@@ -538,7 +542,7 @@ def _prepare(query, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
     max_seqlen_q = int(max_seqlen_q)
     if params is None:
         params = decode_variant(num_heads, max_seqlen_q, int(kv_buffer.shape[1]), query.dtype,
-                                kv_buffer.dtype)
+                                kv_buffer.dtype, tensor_names=("query", "kv_buffer"))
     if clusters is None:
         clusters = arch.num_clusters(num_heads, max_seqlen_q, device=device, kv_dtype=params["kv_dtype"])
         _check_indptr_len(work_indptr, clusters)   # the one check the kernel's reads depend on
@@ -872,7 +876,8 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
     total_q, num_heads = int(q.shape[0]), int(q.shape[1])
     # Once per call: the variant (the plan's checks, the decode's checks and its launch use it)
     # and the work-list count (computed by the plan when there is one, else by the checks).
-    params = decode_variant(num_heads, max_seqlen_q, page_size, q.dtype, kv_buffer.dtype)
+    params = decode_variant(num_heads, max_seqlen_q, page_size, q.dtype, kv_buffer.dtype,
+                            tensor_names=("q", "kv_buffer"))
     # the checks that need no device, so that a call on CPU tensors reports them too
     if q.shape[2] != QK_HEAD_DIM or kv_buffer.shape[3] != QK_HEAD_DIM:
         raise ValueError(f"q and kv_buffer must end in {QK_HEAD_DIM} (512 latent + 64 RoPE dims), got "

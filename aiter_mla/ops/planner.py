@@ -72,7 +72,8 @@ class MlaDecodePlanner:
             raise NotImplementedError(f"MlaDecodePlanner: dtype must be one of "
                                       f"{sorted(map(str, decode.SUPPORTED_DTYPES))}, got {dtype}")
         self.dtype = dtype
-        decode.decode_variant(self.num_heads, self.max_seqlen_q, self.page_size, dtype, dtype)
+        decode.decode_variant(self.num_heads, self.max_seqlen_q, self.page_size, dtype, dtype,
+                              who="MlaDecodePlanner")
         if device is not None:   # a wrong argument is named before the machine is asked about
             try:
                 device = torch.device(device)
