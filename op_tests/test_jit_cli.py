@@ -799,6 +799,21 @@ def test_list_without_a_renderer_shows_what_a_load_takes(fake_jit, capsys, monke
     assert main(["jit", "list"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if " fake(" in line]
     assert rows and all(r.lstrip().startswith("[ cached]") and "another toolchain" not in r for r in rows), rows
+    # where a load would render after all, list says so: AITER_REBUILD (the load rebuilds), and
+    # an index naming an entry that is gone
+    monkeypatch.setenv("AITER_REBUILD", "1")
+    core.reset_state()
+    assert main(["jit", "list"]) == 1
+    assert "cannot be rendered, first fake: cannot render" in capsys.readouterr().err
+    monkeypatch.delenv("AITER_REBUILD")
+    entry_dirs = [d for d in fake_jit.root.rglob(key) if d.is_dir()]
+    assert len(entry_dirs) == 1, entry_dirs
+    shutil.rmtree(entry_dirs[0])   # the index still names it
+    core.reset_state()
+    with pytest.raises(ImportError, match="jinja2"):
+        core.get_module("fake", arch="sm_90a", n=1, flavor="a")
+    assert main(["jit", "list"]) == 1
+    assert "cannot render" in capsys.readouterr().out
 
 
 def test_list_fails_on_a_variant_that_cannot_be_rendered(fake_jit, capsys, monkeypatch):
@@ -813,8 +828,11 @@ def test_list_fails_on_a_variant_that_cannot_be_rendered(fake_jit, capsys, monke
     captured = capsys.readouterr()
     assert "variant(s) cannot be rendered, first fake: cannot render:" in captured.err, captured.err
     assert "[unknown]" in captured.out
-    # under AITER_MLA_DISABLE_JIT loads render nothing (the lookup index): not a failure there
+    # under AITER_MLA_DISABLE_JIT with a compiler found, a load whose lookup index misses (the
+    # template changed) renders to find its key and fails the same way: list exited 0 there
     monkeypatch.setenv("AITER_MLA_DISABLE_JIT", "1")
     core.reset_state()
-    assert main(["jit", "list"]) == 0
-    capsys.readouterr()
+    with pytest.raises(Exception, match="template error"):
+        core.get_module("fake", arch="sm_90a", n=1, flavor="a")
+    assert main(["jit", "list"]) == 1
+    assert "cannot be rendered" in capsys.readouterr().err

@@ -404,8 +404,11 @@ def _cache_status(name: str, params: dict) -> tuple[str, str]:
             return "unknown", f"no toolchain: {exc}"
         return _status_without_compiler(name, params)
     except (RenderError, ImportError) as exc:   # a broken template, or no jinja2
-        indexed = _indexed_key(name, params)
-        if indexed:   # a load takes this entry without rendering: it is cached for this process
+        try:
+            indexed = core.indexed_key(name, **params)
+        except Exception:
+            indexed = None
+        if indexed:   # a load takes this entry without rendering (the lookup index)
             return "cached", indexed
         return "unknown", f"{_CANNOT_RENDER}: {exc}"
     except Exception as exc:
@@ -419,20 +422,6 @@ def _cache_status(name: str, params: dict) -> tuple[str, str]:
         elif got is not None:
             return "cached", key
     return status, key
-
-
-def _indexed_key(name: str, params: dict) -> str | None:
-    """The key a load finds through the lookup index (no render: what core.build_variant tries
-    first), when it names a verified entry; else None."""
-    try:
-        plan = core._plan(name, params)
-    except Exception:
-        return None
-    for cache in core._get_state().caches:
-        key = cache.read_index(plan.lookup)
-        if key and isinstance(cache.read_entry(key, plan.params["arch"]), core.Entry):
-            return key
-    return None
 
 
 def _status_without_compiler(name: str, params: dict) -> tuple[str, str]:
@@ -529,10 +518,11 @@ def cmd_list(args) -> int:
                                if isinstance(v["params"], dict) and v["params"].get("arch") == args.arch]
     # a missing template is a failure (README: every command exits non-zero on one), listed anyway
     missing = [mod["template"] for mod in rows if not mod["template_exists"]]
-    # a default variant that cannot be rendered (a broken template, no jinja2) fails every
-    # build of it; not under AITER_MLA_DISABLE_JIT, where loads go through the lookup index and
-    # render nothing, nor for an experimental module that is not enabled
-    broken = [] if env.get_flag("AITER_MLA_DISABLE_JIT") else [
+    # a default variant that cannot be rendered (a broken template, no jinja2) and that the
+    # lookup index does not name (_cache_status) fails every load and build of it, also under
+    # AITER_MLA_DISABLE_JIT where a compiler is found (the index missed: the load renders to
+    # find its key); not for an experimental module that is not enabled
+    broken = [
         f"{mod['module']}: {v['note']}" for mod in rows if mod["template_exists"]
         and (not mod["experimental"] or is_experimental_enabled())
         for v in mod["variants"] if v["default"] and v["status"] == "unknown"

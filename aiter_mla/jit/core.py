@@ -272,6 +272,29 @@ def _exact_key(plan: _Plan):
     return keymod.key_of(manifest), manifest, rendered
 
 
+def _index_hit(plan: _Plan) -> tuple[Cache, Entry] | None:
+    """(cache, entry) that the lookup index names for ``plan`` and that verifies: a load's
+    first try, which renders nothing; else None."""
+    for cache in _get_state().caches:
+        key = cache.read_index(plan.lookup)
+        if key:
+            got = cache.read_entry(key, plan.params["arch"])
+            if isinstance(got, Entry):
+                return cache, got
+    return None
+
+
+def indexed_key(name: str, **params: Any) -> str | None:
+    """The key of the entry a load of this variant takes without rendering its source (through
+    the lookup index: same compiler, flags and templates folder), or None: when nothing is
+    indexed, the entry does not verify, or AITER_REBUILD makes the load build anyway. Reads
+    only. Raises what :func:`variant_key` raises before it renders."""
+    if env.get_flag("AITER_REBUILD"):
+        return None
+    hit = _index_hit(_plan(name, params))
+    return hit[1].key if hit else None
+
+
 def _find(state: _State, key: str, arch: str) -> tuple[Cache, Entry | Corrupt | None]:
     found: tuple[Cache, Entry | Corrupt | None] = (state.cache, None)
     for cache in state.caches:
@@ -307,13 +330,11 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
     if not force and env.get_flag("AITER_REBUILD") and variant_id not in state.rebuilt:
         force = env_rebuild = True  # AITER: each module force-rebuilt once per process
     if not force:
-        for cache in state.caches:
-            key = cache.read_index(plan.lookup)
-            if key:
-                got = cache.read_entry(key, arch)
-                if isinstance(got, Entry):
-                    cache.touch_used(key)
-                    return BuildResult(name, plan.params, got, False, time.perf_counter() - t0)
+        hit = _index_hit(plan)
+        if hit is not None:
+            cache, got = hit
+            cache.touch_used(got.key)
+            return BuildResult(name, plan.params, got, False, time.perf_counter() - t0)
     key, manifest, rendered = _exact_key(plan)
     got = None
     if not force:

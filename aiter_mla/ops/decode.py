@@ -182,9 +182,10 @@ def decode_variant(num_heads: int, max_seqlen_q: int, page_size: int, q_dtype: t
     Raises TypeError when num_heads / max_seqlen_q / page_size is not an int (bools and floats
     included) or q_dtype / kv_dtype is not a torch.dtype, ValueError when num_heads or
     max_seqlen_q is < 1, and NotImplementedError (listing what is supported) for any other
-    shape, dtype pair or page size. Messages start with ``who`` (the caller's name) and name
-    the dtypes as ``q_dtype`` / ``kv_dtype``, or as the dtypes of the caller's tensors
-    ``tensor_names`` (e.g. ``("query", "kv_buffer")``).
+    shape, dtype pair or page size. On sm_90a the ValueError and NotImplementedError messages
+    start with ``who`` (the caller's name) and name the dtypes as ``q_dtype`` / ``kv_dtype``,
+    or as the dtypes of the caller's tensors ``tensor_names`` (e.g. ``("query", "kv_buffer")``);
+    the AMD targets' messages name the target instead.
     """
     if target != "sm_90a":
         return amd_decode_variant(num_heads, max_seqlen_q, page_size, q_dtype, kv_dtype, target=target)
