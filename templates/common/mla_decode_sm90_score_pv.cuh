@@ -15,7 +15,8 @@
 //   warps 12..15                   the producer warpgroup (warp 12 issues the TMA copies of Q and
 //                                  KV as in tile_pairs, warp 15 checks the inputs)
 // setmaxnreg: producer 24, scorer 136, PV 176 (4 x 128 at the 512-thread launch bound). ptxas
-// (CUDA 13.0, -Xptxas -v): 128 registers, 52 B spill stores / 48 B loads, all outside the three
+// (CUDA 13.0, -Xptxas -v) before the early QK chunk: 128 registers, 52 B spill stores / 48 B loads
+// (with it: 20 / 20 B, not re-checked per role), all outside the three
 // per-tile loops (the producer's per-work set-up and cold paths, the PV warpgroups' per-work
 // set-up and epilogue; SASS checked with nvdisasm), no C75xx note. Scorer 120 (producer 40)
 // spills nothing but serialises the wgmmas (C7512); PV 168 or 184 (scorer <= 120) C7512 too.
@@ -131,6 +132,9 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
                                            int num_tiles, float scale_log2, int wpar, uint32_t wuse, int group,
                                            int lane) {
   constexpr int kS = C::kStages;
+  // the wait for tile t + 1's stage comes before P(t) is published: its refill needs PV(t - 3)'s
+  // V reads, whose P went out two iterations earlier, so 2 stages would deadlock
+  static_assert(kS >= 3, "score_pv's early QK chunk needs at least 3 KV stages");
   const int r0 = group * 16 + (lane >> 2);
   const int tid = threadIdx.x - kPvThreads;
   // QK(t + 1)'s first chunk is issued before softmax(t), so the tensor cores run it while this
@@ -147,6 +151,7 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
     const int slot = seq & 1;
     const int tok = tok_start + t * C::BN;
     const bool last = t + 1 == num_tiles;
+    if (t > 0) nb_arrive(kBarPFull + (slot ^ 1));                // P(t - 1): its PV runs under this softmax
     if (last) {
       wg::mbar_arrive(q_empty);                                  // the work's last read of Q
       if (tok_end - tok < C::BN) zero_v_tail<C>(smem, su.stage, tok_end - tok, tid);
@@ -154,7 +159,7 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
       wg::mbar_arrive(bar_empty + su.stage * 8);                // K read
       wg::mbar_wait(bar_full + su1.stage * 8, su1.parity);      // tile t + 1's stage
     }
-    if (t > 0) nb_arrive(kBarPFull + (slot ^ 1));                // P(t - 1): its PV runs under this softmax
+    AITER_MLA_STAMP(kKvWait);
     const uint32_t k_next = smem_addr(smem + C::kOffKv + (last ? su.stage : su1.stage) * C::kStageBytes);
     const uint32_t q_next = last ? k_next : q_addr;
     float sn[C::kSTiles][4];
