@@ -404,9 +404,9 @@ def _cache_status(name: str, params: dict) -> tuple[str, str]:
             return "unknown", f"no toolchain: {exc}"
         return _status_without_compiler(name, params)
     except (RenderError, ImportError) as exc:   # a broken template, or no jinja2
-        try:
+        try:   # the plan itself fails the same way where the template file is missing
             indexed = core.indexed_key(name, **params)
-        except Exception:
+        except (RenderError, ImportError):
             indexed = None
         if indexed:   # a load takes this entry without rendering (the lookup index)
             return "cached", indexed

@@ -284,14 +284,22 @@ def _index_hit(plan: _Plan) -> tuple[Cache, Entry] | None:
     return None
 
 
+def _rebuild_pending(plan: _Plan) -> bool:
+    """Whether AITER_REBUILD makes this process's next load of the variant build it again
+    (once per process: AITER's behaviour)."""
+    return env.get_flag("AITER_REBUILD") and (plan.name, tuple(plan.params.items())) not in _get_state().rebuilt
+
+
 def indexed_key(name: str, **params: Any) -> str | None:
     """The key of the entry a load of this variant takes without rendering its source (through
     the lookup index: same compiler, flags and templates folder), or None: when nothing is
-    indexed, the entry does not verify, or AITER_REBUILD makes the load build anyway. Reads
-    only. Raises what :func:`variant_key` raises before it renders."""
-    if env.get_flag("AITER_REBUILD"):
+    indexed, the entry does not verify, or AITER_REBUILD makes the load build anyway
+    (:func:`build_variant`'s first steps). Reads only. Raises what :func:`variant_key` raises
+    before it renders."""
+    plan = _plan(name, params)
+    if _rebuild_pending(plan):
         return None
-    hit = _index_hit(_plan(name, params))
+    hit = _index_hit(plan)
     return hit[1].key if hit else None
 
 
@@ -327,7 +335,7 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
     arch = plan.params["arch"]
     variant_id = (name, tuple(plan.params.items()))
     env_rebuild = False
-    if not force and env.get_flag("AITER_REBUILD") and variant_id not in state.rebuilt:
+    if not force and _rebuild_pending(plan):
         force = env_rebuild = True  # AITER: each module force-rebuilt once per process
     if not force:
         hit = _index_hit(plan)
