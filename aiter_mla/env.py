@@ -55,6 +55,10 @@ _declare("AITER_REBUILD", False, "0", "AITER's knob: >=1 rebuilds each module on
          lenient=True, kind="flag")
 _declare("AITER_MLA_LOCK_TIMEOUT", False, "900", "seconds to wait for another process's build",
          kind="seconds")
+# Below the lock wait: a hung compiler fails its own build before the processes waiting for it
+# give up. The slowest variant builds in about a minute on two cores.
+_declare("AITER_MLA_BUILD_TIMEOUT", False, "600", "seconds one compile may run before it is killed (0: no limit)",
+         kind="seconds")
 _declare("AITER_MLA_NVCC", False, None, "path of nvcc (else CUDA_HOME/bin/nvcc, else PATH)")
 _declare("CUDA_HOME", False, None, "CUDA toolkit root, searched for nvcc")
 _declare("CUDA_PATH", False, None, "CUDA toolkit root (Windows-style name), searched for nvcc")

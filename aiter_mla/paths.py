@@ -51,3 +51,41 @@ def unmakeable_folder_reason(path: str | os.PathLike) -> str | None:
     if not os.access(probe, os.W_OK | os.X_OK):
         return f"{probe} is not writable"
     return None
+
+
+def checkout_commit(exclude: str | os.PathLike | None = None) -> str:
+    """The commit this code runs from: ``git rev-parse HEAD`` of the checkout at
+    :data:`REPO_ROOT`, with ``-dirty`` when tracked or untracked (not ignored) files there
+    differ, not counting ``exclude`` (an output folder inside the checkout: results written
+    into ``docs/perf`` do not make the measured code dirty). ``"unknown"`` when
+    :data:`REPO_ROOT` is not the top level of a git checkout holding this package: an
+    installed wheel sits in ``site-packages``, which may lie inside some unrelated repository,
+    whose commit is not this code's. Never raises."""
+    import subprocess   # here: a warm JIT hit imports this module and must not pay for it
+
+    def git(*args: str) -> str | None:
+        try:
+            proc = subprocess.run(["git", *args], capture_output=True, text=True, timeout=30,
+                                  cwd=str(REPO_ROOT))
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    try:
+        ours = top is not None and Path(top).resolve() == REPO_ROOT.resolve()
+    except OSError:
+        ours = False
+    head = git("rev-parse", "HEAD") if ours and not INSTALLED_DATA else None
+    if not head:
+        return "unknown"
+    cmd = ["status", "--porcelain", "--", "."]
+    if exclude is not None:
+        try:
+            rel = Path(exclude).resolve().relative_to(REPO_ROOT.resolve())
+        except (ValueError, OSError):
+            rel = None  # outside the checkout: nothing to exclude
+        if rel is not None and str(rel) != ".":
+            cmd.append(f":(exclude){rel.as_posix()}")
+    status = git(*cmd)
+    return head + ("-dirty" if status else "")

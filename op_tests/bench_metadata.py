@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from aiter_mla import arch  # noqa: E402
+from aiter_mla.paths import checkout_commit  # noqa: E402
 from aiter_mla.ops import metadata as md  # noqa: E402
 from aiter_mla.ops.metadata_reference import reference_schedule  # noqa: E402
 
@@ -115,17 +115,9 @@ def bench_metadata(shapes) -> list[dict]:
     return [bench_one(*shape) for shape in shapes]
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def write_report(rows, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"commit": _commit(), "machine": torch.cuda.get_device_name(),
+    doc = {"commit": checkout_commit(), "machine": torch.cuda.get_device_name(),
            "versions": {"torch": torch.__version__, "cuda": torch.version.cuda},
            "rows": rows}
     (out_dir / "metadata_h200.json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -775,3 +775,50 @@ def test_repeated_list_flags_add_up():
     assert a.page_size == [1, 64]
     d = p.parse_args([])   # the defaults stay as they were, not extended by the earlier parse
     assert d.heads_qlen == [(128, 1)] and d.batch == [1, 3, 5, 16, 32, 64, 128, 256] and d.page_size == [64]
+
+
+# ------------------------------------------------------------------------------------------
+# the commit a result records
+
+
+def _git(cwd, *args):
+    import subprocess
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_commit_is_unknown_when_the_package_sits_inside_another_repository(tmp_path, monkeypatch):
+    """An installed wheel's site-packages may lie inside an unrelated git repository: its HEAD
+    is not the code measured."""
+    from aiter_mla import paths
+    from aiter_mla.bench import environment
+
+    other = tmp_path / "project"
+    (other / ".venv" / "site-packages").mkdir(parents=True)
+    _git(other, "init", "-q")
+    (other / "f.txt").write_text("x")
+    _git(other, "add", "f.txt")
+    _git(other, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    assert _git(other, "rev-parse", "HEAD")   # a real commit that must not be reported
+    monkeypatch.setattr(paths, "REPO_ROOT", other / ".venv" / "site-packages")
+    assert paths.checkout_commit() == "unknown"
+    assert environment.commit() == "unknown"
+    # the repository's own top level is reported, with -dirty for an untracked file
+    monkeypatch.setattr(paths, "REPO_ROOT", other)
+    head = _git(other, "rev-parse", "HEAD")
+    assert paths.checkout_commit() == head
+    (other / "new.txt").write_text("y")
+    assert paths.checkout_commit() == head + "-dirty"
+    # ... except inside the excluded output folder
+    (other / "new.txt").unlink()
+    (other / "out").mkdir()
+    (other / "out" / "r.json").write_text("{}")
+    assert paths.checkout_commit(exclude=other / "out") == head
+    assert paths.checkout_commit() == head + "-dirty"
+
+
+def test_commit_outside_any_repository_is_unknown(tmp_path, monkeypatch):
+    from aiter_mla import paths
+
+    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert paths.checkout_commit() == "unknown"

@@ -970,3 +970,20 @@ def test_damaged_entry_in_a_read_only_root_says_it_is_damaged(fake_jit, monkeypa
     with pytest.raises(CacheNotWritableError, match="is damaged in the cache .*must be rebuilt, "
                                                     "but JIT cache root .* is not writable"):
         core.get_module("fake", **P)
+
+
+def test_a_compiler_past_the_build_timeout_fails_its_build_and_frees_the_key(fake_jit, monkeypatch):
+    """A hung compiler is killed at AITER_MLA_BUILD_TIMEOUT: the build fails naming the
+    variable, its failure is recorded, and the next build of the key runs (the lock is free)."""
+    monkeypatch.setenv("FAKE_CC_SLEEP", "60")
+    monkeypatch.setenv("AITER_MLA_BUILD_TIMEOUT", "1")
+    t0 = time.monotonic()
+    with pytest.raises(BuildError, match="ran past AITER_MLA_BUILD_TIMEOUT and was killed") as ei:
+        core.build_variant("fake", arch="sm_90a", n=6, flavor="a")
+    assert time.monotonic() - t0 < 30
+    assert "ran past AITER_MLA_BUILD_TIMEOUT=1 s and was killed" in str(ei.value)
+    (record,) = (fake_jit.root / "failed").iterdir()
+    assert "ran past AITER_MLA_BUILD_TIMEOUT=1 s" in (record / "build.log").read_text()
+    monkeypatch.setenv("FAKE_CC_SLEEP", "0")
+    assert core.build_variant("fake", arch="sm_90a", n=6, flavor="a").built
+    assert _leftovers(fake_jit.root) == []

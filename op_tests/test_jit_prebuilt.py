@@ -513,3 +513,24 @@ def test_list_without_a_compiler_marks_an_entry_of_other_flags(fake_jit, tmp_pat
     other = next(r for r in rows if "extra" in r)
     assert f"[  other] extra   fake(arch=sm_90a, flavor=a, n=1) {key[:12]}" in other, other
     assert "built from other sources or with other flags; not loaded here" in other
+
+
+def test_no_compiler_without_disable_jit_says_a_cached_build_is_there(fake_jit, tmp_path, monkeypatch):
+    """A prebuilt cache on a machine without a compiler, loaded without AITER_MLA_DISABLE_JIT:
+    the "no compiler" error says the variant is cached and how to load it."""
+    key = core.build_variant("fake", **P1).entry.key
+    _without_compiler(monkeypatch, tmp_path)
+    monkeypatch.delenv("AITER_MLA_DISABLE_JIT")
+    core.reset_state()
+    with pytest.raises(core.ToolchainError) as ei:
+        core.get_module("fake", **P1)
+    msg = str(ei.value)
+    assert f"is built in {fake_jit.root} (key {key[:16]}...), and AITER_MLA_DISABLE_JIT=1 loads it " \
+           f"without a compiler" in msg, msg
+    # a variant that is not cached: the plain error, no hint
+    with pytest.raises(core.ToolchainError) as ei:
+        core.get_module("fake", **P2)
+    assert "AITER_MLA_DISABLE_JIT" not in str(ei.value), str(ei.value)
+    monkeypatch.setenv("AITER_MLA_DISABLE_JIT", "1")
+    core.reset_state()
+    assert core.get_module("fake", **P1).key == key

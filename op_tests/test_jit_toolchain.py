@@ -433,3 +433,54 @@ def test_compiler_temp_files_stay_in_staging_and_go(tmp_path):
     assert not (staging / "tmp").exists()
     assert (staging / "build.log").read_text().startswith(f"# in {staging}\n$ sh -c")
 
+
+
+def test_a_hung_compiler_is_killed_at_the_build_timeout_with_its_children(tmp_path, monkeypatch):
+    """AITER_MLA_BUILD_TIMEOUT: a compiler that never ends (and its children) is killed, and the
+    build reports why, instead of holding the key's lock until the waiters give up."""
+    import time
+
+    from aiter_mla.jit.toolchain import BUILD_TIMED_OUT, run_compiler
+
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    pidfile = tmp_path / "child.pid"
+    cmd = ["sh", "-c", f'sleep 300 & echo $! > {pidfile}; echo compiling; wait']
+    monkeypatch.setenv("AITER_MLA_BUILD_TIMEOUT", "1")
+    t0 = time.monotonic()
+    rc, out, interrupted = run_compiler(cmd, staging, staging / "build.log")
+    assert time.monotonic() - t0 < 20
+    assert (rc, interrupted) == (BUILD_TIMED_OUT, False)
+    assert "compiling" in out and out.rstrip().endswith("sh ran past AITER_MLA_BUILD_TIMEOUT=1 s and was killed")
+    child = int(pidfile.read_text())
+    for _ in range(50):   # the group's SIGKILL reaches the background sleep too
+        if not os.path.exists(f"/proc/{child}") or "Z" in open(f"/proc/{child}/stat").read().split()[2]:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the compiler's child {child} outlived the timeout")
+    monkeypatch.setenv("AITER_MLA_BUILD_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="AITER_MLA_BUILD_TIMEOUT must be a number, got 'soon'"):
+        run_compiler(["true"], staging, staging / "build.log")
+
+
+def test_a_hung_version_probe_takes_its_children_down(tmp_path):
+    """The --version probe runs in its own process group: a wrapper script's children are
+    killed with it when it times out."""
+    import subprocess
+    import time
+
+    from aiter_mla.jit.toolchain import run_group
+
+    pidfile = tmp_path / "child.pid"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_group(["sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait"], timeout=1)
+    child = int(pidfile.read_text())
+    for _ in range(50):
+        if not os.path.exists(f"/proc/{child}") or "Z" in open(f"/proc/{child}/stat").read().split()[2]:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the probe's child {child} outlived the timeout")
+    done = run_group(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=10)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")

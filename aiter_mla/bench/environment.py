@@ -18,23 +18,10 @@ def _run(cmd: list[str]) -> str | None:
 
 
 def commit(exclude: Path | None = None) -> str:
-    """``git rev-parse HEAD`` of this checkout, with ``-dirty`` when tracked or untracked
-    (not ignored) files differ, not counting ``exclude`` (the output folder: earlier results
-    written into ``docs/perf`` do not make the measured code dirty); ``"unknown"`` outside a
-    git checkout."""
-    head = _run(["git", "rev-parse", "HEAD"])
-    if not head:
-        return "unknown"
-    cmd = ["git", "status", "--porcelain", "--", "."]
-    if exclude is not None:
-        try:
-            rel = Path(exclude).resolve().relative_to(paths.REPO_ROOT)
-        except ValueError:
-            rel = None  # outside the checkout: nothing to exclude
-        if rel is not None and str(rel) != ".":
-            cmd.append(f":(exclude){rel.as_posix()}")
-    status = _run(cmd)
-    return head + ("-dirty" if status else "")
+    """The commit measured: :func:`aiter_mla.paths.checkout_commit` (``git rev-parse HEAD`` of
+    this package's own checkout, ``-dirty`` when it differs, not counting ``exclude``, the
+    output folder; ``"unknown"`` in an installed wheel or outside a checkout)."""
+    return paths.checkout_commit(exclude)
 
 
 def nvcc_version() -> str | None:

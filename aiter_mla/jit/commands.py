@@ -785,14 +785,17 @@ def cmd_info(args) -> int:
     pins = {}
     for name, pin in (cfg.third_party.items() if cfg is not None else ()):
         entry = {"url": pin.url, "commit": pin.commit}
+        used = any(name in m.third_party for m in cfg.modules.values())
         try:
             co = third_party.resolve(pin, st.cache, allow_fetch=False)
             entry.update(status="ok", path=str(co.path), origin=co.origin)
         except (third_party.ThirdPartyError, OSError, ValueError) as exc:
-            entry.update(status="not available", detail=str(exc))
+            # a pin no module builds with is a reference, not a missing dependency
+            entry.update(status="not available" if used else "not fetched; no module builds with it",
+                         detail=str(exc))
             var = third_party.ENV_DIRS.get(name)
             if (var is not None and env.is_set(var) and not any(var in p for p in problems)
-                    and any(name in m.third_party for m in cfg.modules.values())):
+                    and used):
                 # a set variable that names no usable checkout for a pin a module builds with
                 # (an unset one only means "not fetched yet"; one no module uses, e.g. for
                 # AITER's own checkout, costs no build)

@@ -38,9 +38,9 @@ from . import third_party
 from . import toolchain as toolchain_mod
 from .cache import (Cache, CacheNotWritableError, Corrupt, Entry, default_root, existing_private_fallback_root, log,
                     private_fallback_root)
-from .config import JitConfig, load_config, templates_dir
+from .config import JitConfig, ParamError, load_config, templates_dir
 from .loader import Module, ModuleLoadError
-from .render import describe, render
+from .render import RenderError, describe, render
 from .toolchain import (BuildError, Compiler, ToolchainError, check_artifact, compiler_identity,
                         compiler_version, find_compiler, run_compiler, save_version, toolchain_kinds)
 
@@ -328,9 +328,9 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
     state = _get_state()
     try:
         plan = _plan(name, params)
-    except ToolchainError:
+    except ToolchainError as exc:
         if not env.get_flag("AITER_MLA_DISABLE_JIT"):
-            raise
+            raise _with_cached_hint(exc, name, params) from None
         return _cached_without_compiler(name, params, force, t0)
     arch = plan.params["arch"]
     variant_id = (name, tuple(plan.params.items()))
@@ -461,6 +461,22 @@ def cached_without_compiler(name: str, **params: Any) -> tuple[Cache | None, Ent
     return found
 
 
+def _with_cached_hint(exc: ToolchainError, name: str, params: dict) -> ToolchainError:
+    """``exc`` (no compiler found), plus, when the cache holds a build of the variant that a
+    load without a compiler would take, that it does and how to load it: a prebuilt cache on a
+    machine without a compiler is served only under ``AITER_MLA_DISABLE_JIT=1``."""
+    try:
+        checked = load_config().module(name).check_params(params)
+        cache, got = cached_without_compiler(name, **checked)
+    except (ParamError, ToolchainError, RenderError, third_party.ThirdPartyError, OSError):
+        return exc   # the hint is a courtesy: the error to report is still exc
+    if not isinstance(got, Entry):
+        return exc
+    return ToolchainError(f"{exc}; {describe(name, checked)} is built in {cache.root} (key "
+                          f"{got.key[:16]}...), and AITER_MLA_DISABLE_JIT=1 loads it without a "
+                          f"compiler")
+
+
 def _cached_without_compiler(name: str, params: dict, force: bool, t0: float) -> BuildResult:
     """:func:`build_variant` where no compiler is found and ``AITER_MLA_DISABLE_JIT=1``."""
     checked = load_config().module(name).check_params(params)
@@ -555,6 +571,8 @@ def _build_in(staging: Path, cache: Cache, plan: _Plan, key: str, manifest: dict
                    f"killed it, e.g. when out of memory)")
         with contextlib.suppress(OSError), open(staging / "build.log", "a") as log:
             log.write(f"\n[aiter_mla] {problem}\n")
+    elif rc == toolchain_mod.BUILD_TIMED_OUT and output.rstrip().endswith("and was killed"):
+        problem = f"{compiler.kind} ran past AITER_MLA_BUILD_TIMEOUT and was killed (raise it for a slow machine)"
     else:
         problem = f"{compiler.kind} exit status {rc}" if rc != 0 else \
             check_artifact(out, compiler, plan.params["arch"])

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import env
+from .. import env, paths
 from ..version import __version__
 
 _REPO = Path(__file__).resolve().parent.parent.parent
@@ -190,15 +190,8 @@ def _label(gpu: dict | None) -> str:
 
 
 def _commit() -> str:
-    """Short commit of the checkout, ``+dirty`` when it has uncommitted changes."""
-    try:
-        head = subprocess.run(["git", "-C", str(_REPO), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(_REPO), "status", "--porcelain",
-                                "--untracked-files=no"], capture_output=True, text=True).stdout
-    except OSError:
-        return "unknown"
-    return (head or "unknown") + ("+dirty" if dirty.strip() else "")
+    """The checkout's commit, as the bench records it (:func:`aiter_mla.paths.checkout_commit`)."""
+    return paths.checkout_commit()
 
 
 def render_markdown(runs: dict) -> str:

@@ -404,8 +404,7 @@ def compiler_version(path: str, identity_dir: Path | None) -> str:
 
     try:
         # errors="replace": a banner that is not UTF-8 is still a banner to report, not a crash
-        proc = subprocess.run([path, "--version"], capture_output=True, text=True, errors="replace",
-                              timeout=30, env=env.child_environ())
+        proc = run_group([path, "--version"], timeout=30)
     except subprocess.TimeoutExpired as exc:
         why = f"could not run {path} --version: {exc}"
         _failed_probes[stamp] = (why, time.monotonic())
@@ -453,17 +452,41 @@ def save_version(identity_dir: Path, path: str) -> None:
         _write_version(record, stamp_list, version)
 
 
+def run_group(command: list[str], timeout: float):
+    """``subprocess.run(command, capture_output=True, text=True)`` (errors replaced) in a
+    process group of its own, which is killed whole when ``timeout`` seconds pass: a wrapper
+    script's children (a hung ``sleep``) must not outlive it. Raises OSError, and
+    ``subprocess.TimeoutExpired`` after the kill."""
+    import subprocess
+
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            errors="replace", env=env.child_environ(), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        _kill_group(proc, interrupted=False)
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+#: run_compiler's exit status for a compiler killed at AITER_MLA_BUILD_TIMEOUT (as timeout(1)).
+BUILD_TIMED_OUT = 124
+
+
 def run_compiler(command: list[str], cwd: Path, log_path: Path, note: str = "") -> tuple[int, str, bool]:
     """Run a build in ``cwd``; write ``note``, its command and output to ``log_path``; return
     (exit status, output, interrupted): interrupted when this process killed the compiler
     (:func:`kill_running_builds`, on Ctrl-C / SIGTERM), not when something else did (a crash,
-    the out-of-memory killer).
+    the out-of-memory killer). A compiler still running after ``AITER_MLA_BUILD_TIMEOUT``
+    seconds is killed with its children: exit status :data:`BUILD_TIMED_OUT`, and the output
+    ends with a line saying so. Raises ValueError for a malformed AITER_MLA_BUILD_TIMEOUT.
 
     The compiler's temporary files (TMPDIR, TMP, TEMP) go to ``cwd/tmp``, removed when it ends:
     nvcc cannot clean up its tmpxft_* files when an interrupted build is killed."""
     import shutil
     import subprocess
 
+    limit = env.get_float("AITER_MLA_BUILD_TIMEOUT", 600.0, minimum=0.0)
     if env.get_flag("AITER_MLA_VERBOSE"):
         print("aiter_mla: " + shlex.join(command), file=sys.stderr)
     tmp = Path(cwd) / "tmp"
@@ -484,14 +507,24 @@ def run_compiler(command: list[str], cwd: Path, log_path: Path, note: str = "") 
             rc, out, proc = 127, f"could not start {command[0]}: {exc}", None
         else:
             _running.add(proc)
+            timed_out = False
             try:
-                out, _ = proc.communicate()
+                try:
+                    out, _ = proc.communicate(timeout=limit or None)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    _kill_group(proc, interrupted=False)
+                    out, _ = proc.communicate()
             except BaseException:
                 _kill_group(proc)
                 raise
             finally:
                 _running.discard(proc)
             rc = proc.returncode
+            if timed_out:
+                rc = BUILD_TIMED_OUT
+                out = (out or "") + (f"\n[aiter_mla] {Path(command[0]).name} ran past "
+                                     f"AITER_MLA_BUILD_TIMEOUT={limit:g} s and was killed\n")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log_path.write_text(f"# in {cwd}\n{note}$ " + shlex.join(command) + "\n" + out,
@@ -524,10 +557,13 @@ def interruptible(pool):
         raise
 
 
-def _kill_group(proc) -> None:
+def _kill_group(proc, interrupted: bool = True) -> None:
+    """SIGKILL ``proc``'s process group and reap it; ``interrupted``: a Ctrl-C / SIGTERM kill
+    (recorded for run_compiler's report), not a timeout."""
     import signal
 
-    _killed.add(proc)   # before the kill: the build's thread reads it once communicate() returns
+    if interrupted:
+        _killed.add(proc)   # before the kill: the build's thread reads it once communicate() returns
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
