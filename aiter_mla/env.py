@@ -57,7 +57,7 @@ _declare("AITER_MLA_LOCK_TIMEOUT", False, "900", "seconds to wait for another pr
          kind="seconds")
 # Below the lock wait: a hung compiler fails its own build before the processes waiting for it
 # give up. The slowest variant builds in about a minute on two cores.
-_declare("AITER_MLA_BUILD_TIMEOUT", False, "600", "seconds one compile may run before it is killed (0: no limit)",
+_declare("AITER_MLA_BUILD_TIMEOUT", False, "600", "seconds one compile may run before it is killed (0 or inf: no limit)",
          kind="seconds")
 _declare("AITER_MLA_NVCC", False, None, "path of nvcc (else CUDA_HOME/bin/nvcc, else PATH)")
 _declare("CUDA_HOME", False, None, "CUDA toolkit root, searched for nvcc")

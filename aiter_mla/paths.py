@@ -65,9 +65,10 @@ def checkout_commit(exclude: str | os.PathLike | None = None) -> str:
 
     def git(*args: str) -> str | None:
         try:
+            # surrogateescape: a checkout path need not be UTF-8 (--show-toplevel prints it)
             proc = subprocess.run(["git", *args], capture_output=True, text=True, timeout=30,
-                                  cwd=str(REPO_ROOT))
-        except (OSError, subprocess.TimeoutExpired):
+                                  errors="surrogateescape", cwd=str(REPO_ROOT))
+        except (OSError, ValueError, subprocess.TimeoutExpired):
             return None
         return proc.stdout.strip() if proc.returncode == 0 else None
 

@@ -117,7 +117,7 @@ def bench_metadata(shapes) -> list[dict]:
 
 def write_report(rows, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"commit": checkout_commit(), "machine": torch.cuda.get_device_name(),
+    doc = {"commit": checkout_commit(out_dir), "machine": torch.cuda.get_device_name(),
            "versions": {"torch": torch.__version__, "cuda": torch.version.cuda},
            "rows": rows}
     (out_dir / "metadata_h200.json").write_text(json.dumps(doc, indent=1) + "\n")

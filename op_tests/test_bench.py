@@ -786,6 +786,10 @@ def _git(cwd, *args):
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
 
 
+needs_git = pytest.mark.skipif(__import__("shutil").which("git") is None, reason="needs git on PATH")
+
+
+@needs_git
 def test_commit_is_unknown_when_the_package_sits_inside_another_repository(tmp_path, monkeypatch):
     """An installed wheel's site-packages may lie inside an unrelated git repository: its HEAD
     is not the code measured."""
@@ -816,9 +820,42 @@ def test_commit_is_unknown_when_the_package_sits_inside_another_repository(tmp_p
     assert paths.checkout_commit() == head + "-dirty"
 
 
-def test_commit_outside_any_repository_is_unknown(tmp_path, monkeypatch):
+@needs_git
+def test_commit_outside_any_repository_or_in_a_subfolder_of_one_is_unknown(tmp_path, monkeypatch):
+    """No repository at all; and REPO_ROOT a tracked subfolder of a repository (a package
+    vendored into another project): neither is this package's checkout."""
     from aiter_mla import paths
 
     monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     assert paths.checkout_commit() == "unknown"
+    repo = tmp_path / "vendoring"
+    (repo / "third_party" / "aiter_mla").mkdir(parents=True)
+    (repo / "third_party" / "aiter_mla" / "pyproject.toml").write_text("[project]\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    monkeypatch.setattr(paths, "REPO_ROOT", repo / "third_party" / "aiter_mla")
+    assert paths.checkout_commit() == "unknown"
+
+
+@needs_git
+def test_commit_of_a_checkout_whose_path_is_not_utf8(tmp_path, monkeypatch):
+    """git prints the top level's path: bytes that are not UTF-8 must not raise (the bench
+    records the commit after its sweep)."""
+    import os
+
+    from aiter_mla import paths
+
+    raw = os.fsencode(str(tmp_path)) + b"/r\xff"
+    try:
+        os.mkdir(raw)
+    except (OSError, UnicodeError):
+        pytest.skip("this file system takes only UTF-8 names")
+    repo = __import__("pathlib").Path(os.fsdecode(raw))
+    _git(repo, "init", "-q")
+    (repo / "f").write_text("x")
+    _git(repo, "add", "f")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    monkeypatch.setattr(paths, "REPO_ROOT", repo)
+    assert paths.checkout_commit() == _git(repo, "rev-parse", "HEAD")

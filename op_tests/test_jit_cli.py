@@ -767,7 +767,7 @@ def test_info_reports_a_pin_folder_variable_that_does_not_work(fake_jit, capsys,
     capsys.readouterr()
     # no module builds with the pin: the variable (AITER's own, say) costs no build
     rc, problems, out = _info_with(monkeypatch, capsys, "HIP_KITTENS_DIR", missing)
-    assert rc == 0 and problems == [] and "[not fetched; no module builds with it]" in out, out
+    assert rc == 0 and problems == [] and "[not available; no module builds with it]" in out, out
     cfg = json.loads(fake_jit.config.read_text())
     cfg["modules"]["fake"]["third_party"] = ["HipKittens"]
     fake_jit.config.write_text(json.dumps(cfg))

@@ -527,6 +527,18 @@ def test_no_compiler_without_disable_jit_says_a_cached_build_is_there(fake_jit, 
     msg = str(ei.value)
     assert f"is built in {fake_jit.root} (key {key[:16]}...), and AITER_MLA_DISABLE_JIT=1 loads it " \
            f"without a compiler" in msg, msg
+    assert ei.value.variable == "AITER_MLA_NVCC"   # the variable that chose the missing compiler
+    # a rebuild compiles: the cached entry is no way out, so no hint
+    monkeypatch.setenv("AITER_REBUILD", "1")
+    core.reset_state()
+    with pytest.raises(core.ToolchainError) as ei:
+        core.get_module("fake", **P1)
+    assert "AITER_MLA_DISABLE_JIT" not in str(ei.value), str(ei.value)
+    monkeypatch.delenv("AITER_REBUILD")
+    with pytest.raises(core.ToolchainError) as ei:
+        core.build_variant("fake", force=True, **P1)
+    assert "AITER_MLA_DISABLE_JIT" not in str(ei.value), str(ei.value)
+    core.reset_state()
     # a variant that is not cached: the plain error, no hint
     with pytest.raises(core.ToolchainError) as ei:
         core.get_module("fake", **P2)

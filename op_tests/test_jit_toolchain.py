@@ -435,6 +435,7 @@ def test_compiler_temp_files_stay_in_staging_and_go(tmp_path):
 
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to see that the child is gone")
 def test_a_hung_compiler_is_killed_at_the_build_timeout_with_its_children(tmp_path, monkeypatch):
     """AITER_MLA_BUILD_TIMEOUT: a compiler that never ends (and its children) is killed, and the
     build reports why, instead of holding the key's lock until the waiters give up."""
@@ -459,11 +460,22 @@ def test_a_hung_compiler_is_killed_at_the_build_timeout_with_its_children(tmp_pa
         time.sleep(0.1)
     else:
         pytest.fail(f"the compiler's child {child} outlived the timeout")
+    # a descendant that left the group (setsid) and holds the pipe: the wait after the kill is bounded
+    cmd = ["sh", "-c", "setsid sleep 30 & echo compiling; sleep 100"]
+    t0 = time.monotonic()
+    rc, out, interrupted = run_compiler(cmd, staging, staging / "build.log")
+    assert time.monotonic() - t0 < 15 and (rc, interrupted) == (BUILD_TIMED_OUT, False)
+    assert out.rstrip().endswith("and was killed")
+    # inf (or a huge value) means no limit, as 0 does, instead of an OverflowError
+    for value in ("inf", "1e12", "0"):
+        monkeypatch.setenv("AITER_MLA_BUILD_TIMEOUT", value)
+        assert run_compiler(["sh", "-c", "echo done"], staging, staging / "build.log")[:2] == (0, "done\n")
     monkeypatch.setenv("AITER_MLA_BUILD_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="AITER_MLA_BUILD_TIMEOUT must be a number, got 'soon'"):
         run_compiler(["true"], staging, staging / "build.log")
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to see that the child is gone")
 def test_a_hung_version_probe_takes_its_children_down(tmp_path):
     """The --version probe runs in its own process group: a wrapper script's children are
     killed with it when it times out."""

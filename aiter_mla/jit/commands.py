@@ -791,7 +791,7 @@ def cmd_info(args) -> int:
             entry.update(status="ok", path=str(co.path), origin=co.origin)
         except (third_party.ThirdPartyError, OSError, ValueError) as exc:
             # a pin no module builds with is a reference, not a missing dependency
-            entry.update(status="not available" if used else "not fetched; no module builds with it",
+            entry.update(status="not available" if used else "not available; no module builds with it",
                          detail=str(exc))
             var = third_party.ENV_DIRS.get(name)
             if (var is not None and env.is_set(var) and not any(var in p for p in problems)

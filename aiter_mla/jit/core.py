@@ -38,9 +38,9 @@ from . import third_party
 from . import toolchain as toolchain_mod
 from .cache import (Cache, CacheNotWritableError, Corrupt, Entry, default_root, existing_private_fallback_root, log,
                     private_fallback_root)
-from .config import JitConfig, ParamError, load_config, templates_dir
+from .config import JitConfig, load_config, templates_dir
 from .loader import Module, ModuleLoadError
-from .render import RenderError, describe, render
+from .render import describe, render
 from .toolchain import (BuildError, Compiler, ToolchainError, check_artifact, compiler_identity,
                         compiler_version, find_compiler, run_compiler, save_version, toolchain_kinds)
 
@@ -245,8 +245,9 @@ def _plan(name: str, params: dict, kind: str | None = None) -> _Plan:
     include_dirs = [tdir]
     tp = {}
     for tp_name in mcfg.third_party:
+        # a plan for an absent compiler only looks up: it never clones a dependency
         co = third_party.resolve(cfg.third_party[tp_name], state.cache,
-                                 allow_fetch=not env.get_flag("AITER_MLA_DISABLE_JIT"))
+                                 allow_fetch=kind is None and not env.get_flag("AITER_MLA_DISABLE_JIT"))
         tp[tp_name] = co.key_item()
         include_dirs.append(co.include_dir)
     inputs = keymod.base_inputs(module=name, params=params, template=mcfg.template,
@@ -330,6 +331,8 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
         plan = _plan(name, params)
     except ToolchainError as exc:
         if not env.get_flag("AITER_MLA_DISABLE_JIT"):
+            if force or env.get_flag("AITER_REBUILD"):
+                raise   # a rebuild compiles: a cached entry is no way out
             raise _with_cached_hint(exc, name, params) from None
         return _cached_without_compiler(name, params, force, t0)
     arch = plan.params["arch"]
@@ -462,19 +465,20 @@ def cached_without_compiler(name: str, **params: Any) -> tuple[Cache | None, Ent
 
 
 def _with_cached_hint(exc: ToolchainError, name: str, params: dict) -> ToolchainError:
-    """``exc`` (no compiler found), plus, when the cache holds a build of the variant that a
-    load without a compiler would take, that it does and how to load it: a prebuilt cache on a
-    machine without a compiler is served only under ``AITER_MLA_DISABLE_JIT=1``."""
+    """``exc`` (no usable compiler for the arch), plus, when the cache holds a build of the
+    variant that a load without a compiler would take, that it does and how to load it: a
+    prebuilt cache on such a machine is served only under ``AITER_MLA_DISABLE_JIT=1``. The
+    lookup reads only (it fetches no dependency)."""
     try:
         checked = load_config().module(name).check_params(params)
         cache, got = cached_without_compiler(name, **checked)
-    except (ParamError, ToolchainError, RenderError, third_party.ThirdPartyError, OSError):
-        return exc   # the hint is a courtesy: the error to report is still exc
+    except Exception:   # noqa: BLE001 (the hint is a courtesy: the error to report is still exc)
+        return exc
     if not isinstance(got, Entry):
         return exc
     return ToolchainError(f"{exc}; {describe(name, checked)} is built in {cache.root} (key "
                           f"{got.key[:16]}...), and AITER_MLA_DISABLE_JIT=1 loads it without a "
-                          f"compiler")
+                          f"compiler", exc.variable)
 
 
 def _cached_without_compiler(name: str, params: dict, force: bool, t0: float) -> BuildResult:

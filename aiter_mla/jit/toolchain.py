@@ -403,7 +403,7 @@ def compiler_version(path: str, identity_dir: Path | None) -> str:
     import subprocess
 
     try:
-        # errors="replace": a banner that is not UTF-8 is still a banner to report, not a crash
+        # run_group replaces bytes that are not UTF-8: a banner is still a banner to report
         proc = run_group([path, "--version"], timeout=30)
     except subprocess.TimeoutExpired as exc:
         why = f"could not run {path} --version: {exc}"
@@ -459,14 +459,35 @@ def run_group(command: list[str], timeout: float):
     ``subprocess.TimeoutExpired`` after the kill."""
     import subprocess
 
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            errors="replace", env=env.child_environ(), start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except BaseException:
-        _kill_group(proc, interrupted=False)
-        raise
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          errors="replace", env=env.child_environ(), start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            _kill_group(proc, interrupted=False)
+            raise   # leaving the with block closes the pipes, which a detached child may hold
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def _drain(proc) -> str:
+    """The rest of a killed compiler's output. A descendant that left its process group (a
+    compiler-cache daemon) may hold the pipe open: after 5 s the pipes are closed and what was
+    read is kept."""
+    import subprocess
+
+    try:
+        return proc.communicate(timeout=5)[0] or ""
+    except subprocess.TimeoutExpired as exc:
+        for f in (proc.stdout, proc.stderr):
+            if f is not None:
+                f.close()
+        part = exc.output or b""
+        return part.decode("utf-8", "surrogateescape") if isinstance(part, bytes) else part
+
+
+#: AITER_MLA_BUILD_TIMEOUT values from this on (inf included) mean no limit, as 0 does: the
+#: pipe wait cannot take a timeout of that size (OverflowError).
+_NO_LIMIT_SECONDS = 1e6
 
 
 #: run_compiler's exit status for a compiler killed at AITER_MLA_BUILD_TIMEOUT (as timeout(1)).
@@ -478,8 +499,9 @@ def run_compiler(command: list[str], cwd: Path, log_path: Path, note: str = "") 
     (exit status, output, interrupted): interrupted when this process killed the compiler
     (:func:`kill_running_builds`, on Ctrl-C / SIGTERM), not when something else did (a crash,
     the out-of-memory killer). A compiler still running after ``AITER_MLA_BUILD_TIMEOUT``
-    seconds is killed with its children: exit status :data:`BUILD_TIMED_OUT`, and the output
-    ends with a line saying so. Raises ValueError for a malformed AITER_MLA_BUILD_TIMEOUT.
+    seconds (0, inf or 1e6 and more: no limit) is killed with its process group: exit status
+    :data:`BUILD_TIMED_OUT`, not interrupted, and the output ends with a line saying so.
+    Raises ValueError for a malformed AITER_MLA_BUILD_TIMEOUT.
 
     The compiler's temporary files (TMPDIR, TMP, TEMP) go to ``cwd/tmp``, removed when it ends:
     nvcc cannot clean up its tmpxft_* files when an interrupted build is killed."""
@@ -493,6 +515,7 @@ def run_compiler(command: list[str], cwd: Path, log_path: Path, note: str = "") 
     tmp.mkdir(exist_ok=True)
     # relative to cwd, for the reason the command is (core._compile_and_publish)
     child_env = env.child_environ(TMPDIR="tmp", TMP="tmp", TEMP="tmp")
+    timed_out = False
     try:
         try:
             # Its own process group, so an interrupted build (Ctrl-C, SIGTERM from a batch
@@ -507,14 +530,13 @@ def run_compiler(command: list[str], cwd: Path, log_path: Path, note: str = "") 
             rc, out, proc = 127, f"could not start {command[0]}: {exc}", None
         else:
             _running.add(proc)
-            timed_out = False
             try:
                 try:
-                    out, _ = proc.communicate(timeout=limit or None)
+                    out, _ = proc.communicate(timeout=limit if 0 < limit < _NO_LIMIT_SECONDS else None)
                 except subprocess.TimeoutExpired:
                     timed_out = True
                     _kill_group(proc, interrupted=False)
-                    out, _ = proc.communicate()
+                    out = _drain(proc)
             except BaseException:
                 _kill_group(proc)
                 raise
@@ -529,7 +551,8 @@ def run_compiler(command: list[str], cwd: Path, log_path: Path, note: str = "") 
         shutil.rmtree(tmp, ignore_errors=True)
     log_path.write_text(f"# in {cwd}\n{note}$ " + shlex.join(command) + "\n" + out,
                         encoding="utf-8", errors="surrogateescape")   # a cache path need not be UTF-8
-    return rc, out, proc is not None and proc in _killed
+    # a timeout is not an interrupt, even where a Ctrl-C came while the timed-out group was reaped
+    return rc, out, not timed_out and proc is not None and proc in _killed
 
 
 _running: set = set()  # compiler processes of builds in flight (any thread)
@@ -562,10 +585,15 @@ def _kill_group(proc, interrupted: bool = True) -> None:
     (recorded for run_compiler's report), not a timeout."""
     import signal
 
+    if proc.returncode is not None:   # reaped already: its pid may belong to another process now
+        return
     if interrupted:
         _killed.add(proc)   # before the kill: the build's thread reads it once communicate() returns
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:   # no process groups (Windows): the compiler alone
+            proc.kill()
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
