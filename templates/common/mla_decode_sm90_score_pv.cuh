@@ -16,7 +16,7 @@
 //                                  KV as in tile_pairs, warp 15 checks the inputs)
 // setmaxnreg: producer 24, scorer 136, PV 176 (4 x 128 at the 512-thread launch bound). ptxas
 // (CUDA 13.0, -Xptxas -v) before the early QK chunk: 128 registers, 52 B spill stores / 48 B loads
-// (with it: 20 / 20 B, not re-checked per role), all outside the three
+// (with it, one or two chunks early: 20 / 20 B, not re-checked per role), all outside the three
 // per-tile loops (the producer's per-work set-up and cold paths, the PV warpgroups' per-work
 // set-up and epilogue; SASS checked with nvdisasm), no C75xx note. Scorer 120 (producer 40)
 // spills nothing but serialises the wgmmas (C7512); PV 168 or 184 (scorer <= 120) C7512 too.
@@ -137,8 +137,9 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
   static_assert(kS >= 3, "score_pv's early QK chunk needs at least 3 KV stages");
   const int r0 = group * 16 + (lane >> 2);
   const int tid = threadIdx.x - kPvThreads;
-  // QK(t + 1)'s first chunk is issued before softmax(t), so the tensor cores run it while this
-  // warpgroup computes the exponentials; its other chunks follow the softmax. A work's last tile
+  // QK(t + 1)'s first two chunks are issued before softmax(t), so the tensor cores run them while
+  // this warpgroup computes the exponentials (S and one accumulator set live across the softmax,
+  // beside S(t)); the third follows the softmax. A work's last tile
   // issues a dummy QK (discarded) on its own stage, both operands from the stage, so that every
   // iteration has the same wgmma groups (a wgmma issued under a branch serialises them all);
   // Q is released at once, that stage after the dummy is waited.
@@ -162,8 +163,9 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
     AITER_MLA_STAMP(kKvWait);
     const uint32_t k_next = smem_addr(smem + C::kOffKv + (last ? su.stage : su1.stage) * C::kStageBytes);
     const uint32_t q_next = last ? k_next : q_addr;
-    float sn[C::kSTiles][4];
+    float sn[C::kSTiles][4], acc0[C::kSTiles][4];
     tile_pairs::qk_chunk<C, 0>(sn, q_next, k_next);
+    tile_pairs::qk_chunk<C, 1>(acc0, q_next, k_next);
     AITER_MLA_STAMP(kQk);
     float mx[2];
     const float sc = masked_quad_max<C>(s, st, tok + (lane & 3) * 2, tok + C::BN, scale_log2, mx);
@@ -203,9 +205,8 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
     for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * f[h] + sum[h];
     wg::fence_proxy_async();   // P -> the PV wgmmas' B operand
     AITER_MLA_STAMP(kSoftmax);
-    {   // QK(t + 1)'s other chunks (S in sn, two accumulators), waited
-      float acc0[C::kSTiles][4], acc1[C::kSTiles][4];
-      tile_pairs::qk_chunk<C, 1>(acc0, q_next, k_next);
+    {   // QK(t + 1)'s third chunk, then all three waited and added in chunk order
+      float acc1[C::kSTiles][4];
       tile_pairs::qk_chunk<C, 2>(acc1, q_next, k_next);
       wg::wgmma_wait<1>();
       wg::fence_operands(sn);
