@@ -836,3 +836,14 @@ def test_list_fails_on_a_variant_that_cannot_be_rendered(fake_jit, capsys, monke
         core.get_module("fake", arch="sm_90a", n=1, flavor="a")
     assert main(["jit", "list"]) == 1
     assert "cannot be rendered" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, shown", [("true", "0: off"), ("yes", "0: off"), ("2x", "2: on")])
+def test_info_says_how_aiters_atoi_rule_reads_a_knob(fake_jit, capsys, monkeypatch, value, shown):
+    """AITER_REBUILD=true is off under AITER's atoi rule (as in AITER), which a user would not
+    guess (fresh-user report): info says how the value reads; a plain integer needs no note."""
+    rc, problems, out = _info_with(monkeypatch, capsys, "AITER_REBUILD", value)
+    assert rc == 0 and problems == []
+    assert f"AITER_REBUILD={value} (AITER's atoi rule reads it as {shown})" in out, out
+    rc, problems, out = _info_with(monkeypatch, capsys, "AITER_REBUILD", "1")
+    assert "AITER_REBUILD=1\n" in out and "atoi rule" not in out, out

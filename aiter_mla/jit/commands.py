@@ -722,6 +722,13 @@ def _root_summary(cache) -> dict:
     return out
 
 
+def _atoi_surprise(var) -> bool:
+    """An AITER knob (``lenient``: AITER's atoi rule) set to something other than a plain
+    integer, such as ``AITER_REBUILD=true``, which AITER and we both read as 0."""
+    value = env.get(var.name)
+    return var.lenient and value is not None and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value) is None
+
+
 def _templates_shown() -> str:
     try:
         return str(templates_dir())
@@ -856,7 +863,8 @@ def cmd_info(args) -> int:
         "experimental_enabled": is_experimental_enabled(),
         "third_party": pins,
         "env": {n: {"value": env.get(n), "set": env.is_set(n),
-                    "key_changing": v.key_changing, "doc": v.doc}
+                    "key_changing": v.key_changing, "doc": v.doc,
+                    **({"reads_as": env.get_int(n)} if _atoi_surprise(v) else {})}
                 for n, v in sorted(env.registry().items())},
         "problems": problems,
     }
@@ -898,6 +906,8 @@ def cmd_info(args) -> int:
     for n, e in info["env"].items():
         mark = "k" if e["key_changing"] else " "
         val = e["value"] if e["set"] else f"(unset; default {e['value']!r})"
+        if "reads_as" in e:   # AITER_REBUILD=true is off there, as in AITER: say so
+            val += f" (AITER's atoi rule reads it as {e['reads_as']}: {'on' if e['reads_as'] else 'off'})"
         print(f"  {mark} {n}={val}")
     for problem in problems:
         print(f"problem: {problem}")
