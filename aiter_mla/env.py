@@ -145,6 +145,16 @@ _TRUE = frozenset(("true", "yes", "on"))
 _FALSE = frozenset(("false", "no", "off"))
 
 
+_PLAIN_INT = re.compile(r"\s*([+-]?[0-9]+)\s*")
+
+
+def read_by_atoi_rule(name: str) -> bool:
+    """True when ``name`` is one of AITER's knobs (the ``atoi`` rule) and set to something other
+    than a plain integer (``AITER_REBUILD=true``): only that rule gives it its value."""
+    value = get(name)
+    return _lookup(name).lenient and value is not None and _PLAIN_INT.fullmatch(value) is None
+
+
 def get_int(name: str, default: int = 0) -> int:
     """The variable parsed as an int (``default`` when unset, empty or blank).
 
@@ -159,7 +169,7 @@ def get_int(name: str, default: int = 0) -> int:
         return default
     # ASCII decimal only, as C's atoi reads it: Python's int() also takes "1_0" and
     # full-width digits, which AITER's C side would read otherwise
-    whole = re.fullmatch(r"\s*([+-]?[0-9]+)\s*", value)
+    whole = _PLAIN_INT.fullmatch(value)
     if whole is None:
         if var.lenient:   # C atoi: the leading [+-]digits ("2x" is 2), none at all is 0
             prefix = re.match(r"\s*([+-]?[0-9]+)", value)

@@ -722,13 +722,6 @@ def _root_summary(cache) -> dict:
     return out
 
 
-def _atoi_surprise(var) -> bool:
-    """An AITER knob (``lenient``: AITER's atoi rule) set to something other than a plain
-    integer, such as ``AITER_REBUILD=true``, which AITER and we both read as 0."""
-    value = env.get(var.name)
-    return var.lenient and value is not None and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value) is None
-
-
 def _templates_shown() -> str:
     try:
         return str(templates_dir())
@@ -864,7 +857,7 @@ def cmd_info(args) -> int:
         "third_party": pins,
         "env": {n: {"value": env.get(n), "set": env.is_set(n),
                     "key_changing": v.key_changing, "doc": v.doc,
-                    **({"reads_as": env.get_int(n)} if _atoi_surprise(v) else {})}
+                    **({"reads_as": env.get_int(n)} if env.read_by_atoi_rule(n) else {})}
                 for n, v in sorted(env.registry().items())},
         "problems": problems,
     }

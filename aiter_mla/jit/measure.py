@@ -189,12 +189,6 @@ def _label(gpu: dict | None) -> str:
     return f"cpu-{os.cpu_count()}core"
 
 
-def _commit(out_dir: Path | None = None) -> str:
-    """The checkout's commit, as the bench records it (:func:`aiter_mla.paths.checkout_commit`),
-    not counting ``out_dir``, where this run writes jit.json / jit.md."""
-    return paths.checkout_commit(out_dir)
-
-
 def render_markdown(runs: dict) -> str:
     """jit.md from every recorded run (sorted by label)."""
     lines = [
@@ -269,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     path = out / "jit.json"
     data = json.loads(path.read_text()) if path.exists() else {"runs": {}}
     data["runs"][label] = {
-        "commit": _commit(out), "aiter_mla": __version__, "date": time.strftime("%Y-%m-%d"),
+        "commit": paths.checkout_commit(out),   # as the bench records it
+        "aiter_mla": __version__, "date": time.strftime("%Y-%m-%d"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version()},
         "host": host, "gpu": gpu,
