@@ -53,7 +53,7 @@ _declare("AITER_MLA_DISABLE_JIT", False, "0", "1: load only what is already buil
          kind="flag")
 _declare("AITER_REBUILD", False, "0", "AITER's knob: >=1 rebuilds each module once per process",
          lenient=True, kind="flag")
-_declare("AITER_MLA_LOCK_TIMEOUT", False, "900", "seconds to wait for another process's build",
+_declare("AITER_MLA_LOCK_TIMEOUT", False, "900", "seconds to wait for another process's build (0: do not wait)",
          kind="seconds")
 # Below the lock wait: a hung compiler fails its own build before the processes waiting for it
 # give up. The slowest variant builds in about a minute on two cores.

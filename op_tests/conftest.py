@@ -77,6 +77,10 @@ note("start")
 time.sleep(float(os.environ.get("FAKE_CC_SLEEP", "0")))
 mode = os.environ.get("FAKE_CC_MODE", "ok")
 data = open({lib!r}, "rb").read()
+if mode == "rm_root":   # the cache root deleted under the build: cwd is ROOT/staging/<build>
+    import shutil
+    shutil.rmtree(os.path.dirname(os.path.dirname(os.getcwd())))
+    sys.exit(0)
 if mode == "fail":
     sys.stderr.write("fake-nvcc: error: something is wrong at line 3\nsecond line\n")
     sys.exit(2)

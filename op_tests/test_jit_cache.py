@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from aiter_mla.jit import core
-from aiter_mla.jit.cache import Cache, CacheNotWritableError, LockTimeoutError
+from aiter_mla.jit.cache import Cache, CacheError, CacheNotWritableError, LockTimeoutError
 from aiter_mla.jit.toolchain import BuildError
 from conftest import deny_write_access, run_read_only
 
@@ -970,6 +970,17 @@ def test_damaged_entry_in_a_read_only_root_says_it_is_damaged(fake_jit, monkeypa
     with pytest.raises(CacheNotWritableError, match="is damaged in the cache .*must be rebuilt, "
                                                     "but JIT cache root .* is not writable"):
         core.get_module("fake", **P)
+
+
+def test_a_cache_root_deleted_during_the_build_is_named(fake_jit, monkeypatch):
+    """`rm -rf` of the cache root while a build ran gave a bare FileNotFoundError on the
+    staging folder's build.log (a fresh-user report); the error now says what went."""
+    monkeypatch.setenv("FAKE_CC_MODE", "rm_root")
+    with pytest.raises(CacheError, match=r"staging folder .* disappeared during the build .*"
+                                         r"\(the cache root .* was removed\); build again"):
+        core.get_module("fake", **P)
+    monkeypatch.setenv("FAKE_CC_MODE", "ok")
+    assert _answer(core.get_module("fake", **P)) == 42   # and the next build works
 
 
 def test_a_compiler_past_the_build_timeout_fails_its_build_and_frees_the_key(fake_jit, monkeypatch):

@@ -847,3 +847,39 @@ def test_info_says_how_aiters_atoi_rule_reads_a_knob(fake_jit, capsys, monkeypat
     assert f"AITER_REBUILD={value} (AITER's atoi rule reads it as {shown})" in out, out
     rc, problems, out = _info_with(monkeypatch, capsys, "AITER_REBUILD", "1")
     assert "AITER_REBUILD=1\n" in out and "atoi rule" not in out, out
+
+
+def test_a_library_that_matches_its_record_but_does_not_load_names_the_rebuild(fake_jit):
+    """A lib.so whose checksum matches but that the loader refuses (a bad compiler, or the file
+    and its record replaced together) said only the loader's reason; it now gives the rebuild
+    command for that variant, and that command works. The loads run in fresh processes: this
+    one has the old library mapped under the same path, which dlopen would hand back."""
+    import hashlib
+    import shlex
+
+    child = """
+    import ctypes
+    from aiter_mla.jit import get_module
+    from aiter_mla.jit.loader import ModuleLoadError
+    try:
+        m = get_module("fake", arch="sm_90a", n=3, flavor="b")
+    except ModuleLoadError as exc:
+        print("ERR", exc)
+    else:
+        print("ANSWER", m.function("aiter_mla_fake_answer", [], ctypes.c_int)())
+    """
+    m = core.get_module("fake", arch="sm_90a", n=3, flavor="b")
+    entry = m.lib_path.parent
+    garbage = b"\x7fELF\x01" + bytes(range(256)) * 8     # a 32-bit ELF header, then noise
+    (entry / "damaged").write_bytes(garbage)
+    (entry / "damaged").replace(entry / "lib.so")
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["artifact"].update(size=len(garbage), sha256=hashlib.sha256(garbage).hexdigest())
+    (entry / "meta.json").write_text(json.dumps(meta))
+    out = fake_jit.run_child(child).stdout
+    assert out.startswith("ERR could not load fake"), out
+    hint = out.rsplit("; '", 1)[1].split("' builds it again")[0]
+    argv = shlex.split(hint)
+    assert argv[:4] == ["aiter-mla", "jit", "rebuild", "fake"], argv
+    assert main(argv[1:]) == 0
+    assert fake_jit.run_child(child).stdout.strip() == "ANSWER 42"

@@ -36,7 +36,7 @@ from ..arch import is_experimental_enabled
 from . import key as keymod
 from . import third_party
 from . import toolchain as toolchain_mod
-from .cache import (Cache, CacheNotWritableError, Corrupt, Entry, default_root, existing_private_fallback_root, log,
+from .cache import (Cache, CacheError, CacheNotWritableError, Corrupt, Entry, default_root, existing_private_fallback_root, log,
                     private_fallback_root)
 from .config import JitConfig, load_config, templates_dir
 from .loader import Module, ModuleLoadError
@@ -518,6 +518,12 @@ def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, so
         return _build_in(staging, cache, plan, key, manifest, source, variant, replace)
     except OSError as exc:
         if staging is not None:
+            if exc.errno == errno.ENOENT and not staging.exists():
+                # `jit clear` keeps staging folders: another program removed this one
+                what = (f"the cache root {cache.root} was removed" if not cache.root.exists()
+                        else f"something other than aiter-mla removed it")
+                raise CacheError(f"build of {variant}: its staging folder {staging} disappeared "
+                                 f"during the build ({what}); build again") from exc
             shutil.rmtree(staging, ignore_errors=True)
         if exc.errno not in _UNWRITABLE:
             raise

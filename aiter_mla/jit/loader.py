@@ -25,8 +25,12 @@ class Module:
         try:
             self._lib = ctypes.CDLL(str(lib_path))
         except OSError as exc:
-            raise ModuleLoadError(f"could not load {name} {self.params} from {lib_path}: {exc}") \
-                from None
+            # the checksum matched, so the file is as built (by a bad compiler, or replaced
+            # together with its record): building it again is the way out
+            args = " ".join(f"--param {k}={v}" for k, v in self.params.items())
+            raise ModuleLoadError(
+                f"could not load {name} {self.params} from {lib_path}: {exc}; "
+                f"'aiter-mla jit rebuild {name} {args}' builds it again") from None
         self._fns: dict[tuple, object] = {}
         self._error_string = None
 
