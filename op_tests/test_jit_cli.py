@@ -849,26 +849,34 @@ def test_info_says_how_aiters_atoi_rule_reads_a_knob(fake_jit, capsys, monkeypat
     assert "AITER_REBUILD=1\n" in out and "atoi rule" not in out, out
 
 
-def test_a_library_that_matches_its_record_but_does_not_load_names_the_rebuild(fake_jit):
+@pytest.mark.parametrize("flavor", [True, "x y"])
+def test_a_library_that_matches_its_record_but_does_not_load_names_the_rebuild(fake_jit, flavor):
     """A lib.so whose checksum matches but that the loader refuses (a bad compiler, or the file
     and its record replaced together) said only the loader's reason; it now gives the rebuild
-    command for that variant, and that command works. The loads run in fresh processes: this
-    one has the old library mapped under the same path, which dlopen would hand back."""
+    command for that variant, shell-quoted, with bools as the CLI spells them, and the command
+    works. The loads run in fresh processes: this one has the old library mapped under the
+    same path, which dlopen would hand back."""
     import hashlib
     import shlex
 
-    child = """
+    from conftest import fake_config
+
+    odd = {"template": "fake.cu.j2", "params": {"arch": ["sm_90a"], "n": [1], "flavor": [True, "x y"]},
+           "default_variants": [], "flags": {}, "third_party": [], "experimental": False}
+    fake_jit.write_config(fake_config(fake_odd=odd))
+    core.reset_state()
+    child = f"""
     import ctypes
     from aiter_mla.jit import get_module
     from aiter_mla.jit.loader import ModuleLoadError
     try:
-        m = get_module("fake", arch="sm_90a", n=3, flavor="b")
+        m = get_module("fake_odd", arch="sm_90a", n=1, flavor={flavor!r})
     except ModuleLoadError as exc:
         print("ERR", exc)
     else:
         print("ANSWER", m.function("aiter_mla_fake_answer", [], ctypes.c_int)())
     """
-    m = core.get_module("fake", arch="sm_90a", n=3, flavor="b")
+    m = core.get_module("fake_odd", arch="sm_90a", n=1, flavor=flavor)
     entry = m.lib_path.parent
     garbage = b"\x7fELF\x01" + bytes(range(256)) * 8     # a 32-bit ELF header, then noise
     (entry / "damaged").write_bytes(garbage)
@@ -876,10 +884,46 @@ def test_a_library_that_matches_its_record_but_does_not_load_names_the_rebuild(f
     meta = json.loads((entry / "meta.json").read_text())
     meta["artifact"].update(size=len(garbage), sha256=hashlib.sha256(garbage).hexdigest())
     (entry / "meta.json").write_text(json.dumps(meta))
-    out = fake_jit.run_child(child).stdout
-    assert out.startswith("ERR could not load fake"), out
-    hint = out.rsplit("; '", 1)[1].split("' builds it again")[0]
-    argv = shlex.split(hint)
-    assert argv[:4] == ["aiter-mla", "jit", "rebuild", "fake"], argv
+    out = fake_jit.run_child(child).stdout.strip()
+    assert out.startswith("ERR could not load fake_odd"), out
+    argv = shlex.split(out.split("; to build it again: ", 1)[1])
+    assert argv[:4] == ["aiter-mla", "jit", "rebuild", "fake_odd"], argv
+    assert argv[-2:] == ["--cache-dir", str(fake_jit.root)], argv
     assert main(argv[1:]) == 0
     assert fake_jit.run_child(child).stdout.strip() == "ANSWER 42"
+
+
+def test_a_library_whose_dependency_is_missing_does_not_advise_a_rebuild(fake_jit, tmp_path):
+    """dlopen also fails when a library the module links to is missing (hipcc builds link
+    libamdhip64.so); a rebuild would fail the same way, so the advice is the library path."""
+    import hashlib
+    import shutil as sh
+    import subprocess as sp
+
+    cc = sh.which("cc") or sh.which("gcc") or sh.which("clang")
+    if cc is None:
+        pytest.skip("needs a host C compiler to link a library against a missing one")
+    (tmp_path / "dep.c").write_text("int aiter_mla_dep(void) { return 1; }\n")
+    (tmp_path / "mod.c").write_text("int aiter_mla_dep(void);\n"
+                                    "int aiter_mla_fake_answer(void) { return 41 + aiter_mla_dep(); }\n")
+    sp.run([cc, "-shared", "-fPIC", str(tmp_path / "dep.c"), "-o", str(tmp_path / "libaitermladep.so")], check=True)
+    sp.run([cc, "-shared", "-fPIC", str(tmp_path / "mod.c"), "-L", str(tmp_path), "-laitermladep",
+            "-o", str(tmp_path / "mod.so")], check=True)
+    m = core.get_module("fake", arch="sm_90a", n=3, flavor="b")
+    entry = m.lib_path.parent
+    data = (tmp_path / "mod.so").read_bytes()
+    (entry / "damaged").write_bytes(data)
+    (entry / "damaged").replace(entry / "lib.so")
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["artifact"].update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (entry / "meta.json").write_text(json.dumps(meta))
+    out = fake_jit.run_child("""
+    from aiter_mla.jit import get_module
+    from aiter_mla.jit.loader import ModuleLoadError
+    try:
+        get_module("fake", arch="sm_90a", n=3, flavor="b")
+    except ModuleLoadError as exc:
+        print("ERR", exc)
+    """).stdout.strip()
+    assert "libaitermladep.so: cannot open shared object file" in out, out
+    assert "check LD_LIBRARY_PATH" in out and "jit rebuild" not in out, out

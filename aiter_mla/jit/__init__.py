@@ -7,7 +7,9 @@ See ``docs/ARCHITECTURE.md`` for which file does what.
 """
 from .core import (BuildResult, CompileOnlyError, JitDisabledError, build_variant,
                    get_module, reset_state, variant_key)
-from .loader import Module
+from .cache import CacheError, CacheNotWritableError, LockTimeoutError
+from .loader import Module, ModuleLoadError
 
-__all__ = ["BuildResult", "CompileOnlyError", "JitDisabledError", "Module", "build_variant",
-           "get_module", "reset_state", "variant_key"]
+__all__ = ["BuildResult", "CacheError", "CacheNotWritableError", "CompileOnlyError", "JitDisabledError",
+           "LockTimeoutError", "Module", "ModuleLoadError", "build_variant", "get_module", "reset_state",
+           "variant_key"]

@@ -323,7 +323,7 @@ def build_variant(name: str, *, force: bool = False, **params: Any) -> BuildResu
     replaces the old one by rename; processes that loaded the old one keep it.
 
     Raises ParamError, ToolchainError, RenderError, BuildError, JitDisabledError,
-    CacheNotWritableError, LockTimeoutError, ThirdPartyError.
+    CacheError (CacheNotWritableError and LockTimeoutError among them), ThirdPartyError.
     """
     t0 = time.perf_counter()
     state = _get_state()
@@ -409,11 +409,22 @@ def _roots(state: _State) -> str:
                        for c in state.caches)
 
 
+def jit_command(command: str, name: str, params: dict, cache_dir: Path | None = None) -> str:
+    """The ``aiter-mla jit COMMAND`` line for one variant, shell-quoted to paste (bools as the
+    CLI spells them; ``cache_dir``: add ``--cache-dir``)."""
+    argv = ["aiter-mla", "jit", command, name]
+    for k, v in params.items():
+        argv += ["--param", f"{k}={_text(v)}"]
+    if cache_dir is not None:
+        argv += ["--cache-dir", str(cache_dir)]
+    return shlex.join(argv)
+
+
 def _disabled_error(name: str, params: dict, what: str, command: str = "build") -> JitDisabledError:
     """The one-line error for a variant that ``AITER_MLA_DISABLE_JIT=1`` cannot serve; ``what``
     says why, after the variant's name; ``command``: the ``aiter-mla jit`` command that would
     make it ("rebuild" where a rebuild was asked for: ``jit build`` keeps a cached entry)."""
-    cmd = f"aiter-mla jit {command} " + name + "".join(f" --param {k}={_text(v)}" for k, v in params.items())
+    cmd = jit_command(command, name, params)
     return JitDisabledError(
         f"AITER_MLA_DISABLE_JIT=1 and {describe(name, params)} {what}: {command} it first in an "
         f"environment without AITER_MLA_DISABLE_JIT ({cmd}; it refuses to {command} while the "
@@ -511,7 +522,8 @@ def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, so
                          variant: str, replace: bool) -> Entry:
     """Build ``plan`` in a staging folder and publish it as ``key``'s entry. An OS error writing
     the build's files (a full disk: a bare OSError with no path, and the staging folder left
-    behind) removes the staging folder; a root that cannot take them is CacheNotWritableError."""
+    behind) removes the staging folder; a root that cannot take them is CacheNotWritableError,
+    and a staging folder removed under the build (the cache root deleted) is CacheError."""
     staging = None
     try:
         staging = cache.new_staging(key)
@@ -519,11 +531,11 @@ def _compile_and_publish(cache: Cache, plan: _Plan, key: str, manifest: dict, so
     except OSError as exc:
         if staging is not None:
             if exc.errno == errno.ENOENT and not staging.exists():
-                # `jit clear` keeps staging folders: another program removed this one
-                what = (f"the cache root {cache.root} was removed" if not cache.root.exists()
-                        else f"something other than aiter-mla removed it")
-                raise CacheError(f"build of {variant}: its staging folder {staging} disappeared "
-                                 f"during the build ({what}); build again") from exc
+                # aiter-mla never removes a build in progress (its key is locked)
+                raise CacheError(
+                    f"build of {variant}: its staging folder {staging} disappeared during the "
+                    f"build (the cache root {cache.root} was removed, or another program removed "
+                    f"the folder); build again") from exc
             shutil.rmtree(staging, ignore_errors=True)
         if exc.errno not in _UNWRITABLE:
             raise
@@ -642,8 +654,8 @@ def get_module(name: str, **params: Any) -> Module:
     UnknownModuleError (no module ``name`` in the config; a KeyError and a ValueError),
     ParamError (missing/unknown/disallowed parameter, listing the allowed values),
     ToolchainError, RenderError, BuildError (with the compiler's output), JitDisabledError,
-    CompileOnlyError (an AMD arch built by the clang compile check), CacheNotWritableError,
-    LockTimeoutError, ModuleLoadError, and ValueError naming a malformed variable of
+    CompileOnlyError (an AMD arch built by the clang compile check), CacheError (CacheNotWritableError and
+    LockTimeoutError among them), ModuleLoadError, and ValueError naming a malformed variable of
     :mod:`aiter_mla.env` (``AITER_MLA_EXTRA_NVCC_FLAGS`` with an unbalanced quote, say).
     """
     try:
@@ -682,12 +694,31 @@ def _load(name: str, params: dict) -> Module:
             try:
                 mod = Module(name, result.params, result.entry.key, result.entry.artifact)
                 break
-            except ModuleLoadError:
+            except ModuleLoadError as exc:
                 # The entry was moved aside (clear/rebuild) between verify and load: retry once.
                 if attempt == 1 or os.path.exists(result.entry.artifact):
-                    raise
+                    raise _with_load_advice(exc, result) from None
         _memo[memo_key] = mod
         return mod
+
+
+def _with_load_advice(exc: ModuleLoadError, result: BuildResult) -> ModuleLoadError:
+    """``exc`` with what to do. The entry passed its checksum, so the file is as it was
+    published: when the loader rejects the file itself (not an ELF for this machine, too
+    short), build it again; when a library it links to is missing, a rebuild would fail the
+    same way."""
+    lib = str(result.entry.artifact)
+    reason = exc.reason or ""
+    if reason.startswith(lib + ":") and "cannot open shared object file" not in reason:
+        root = result.entry.path.parent.parent
+        unset = " with AITER_MLA_DISABLE_JIT unset" if env.get_flag("AITER_MLA_DISABLE_JIT") else ""
+        advice = f"to build it again{unset}: {jit_command('rebuild', result.name, result.params, root)}"
+    else:
+        advice = ("a library it links to could not be loaded: check LD_LIBRARY_PATH and the "
+                  "CUDA or ROCm install (a rebuild would fail the same way)")
+    out = ModuleLoadError(f"{exc}; {advice}")
+    out.reason = exc.reason
+    return out
 
 
 def build_all(arch: str | None = None, include_experimental: bool | None = None,

@@ -6,7 +6,10 @@ from pathlib import Path
 
 
 class ModuleLoadError(RuntimeError):
-    """A published library could not be loaded, or lacks a requested symbol."""
+    """A published library could not be loaded, or lacks a requested symbol. ``reason``: the
+    dynamic loader's message when loading failed (else None)."""
+
+    reason: str | None = None
 
 
 class Module:
@@ -25,12 +28,9 @@ class Module:
         try:
             self._lib = ctypes.CDLL(str(lib_path))
         except OSError as exc:
-            # the checksum matched, so the file is as built (by a bad compiler, or replaced
-            # together with its record): building it again is the way out
-            args = " ".join(f"--param {k}={v}" for k, v in self.params.items())
-            raise ModuleLoadError(
-                f"could not load {name} {self.params} from {lib_path}: {exc}; "
-                f"'aiter-mla jit rebuild {name} {args}' builds it again") from None
+            err = ModuleLoadError(f"could not load {name} {self.params} from {lib_path}: {exc}")
+            err.reason = str(exc)   # the loader's own text (dlerror), for the caller's advice
+            raise err from None
         self._fns: dict[tuple, object] = {}
         self._error_string = None
 

@@ -672,8 +672,8 @@ def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, k
     NotImplementedError for unsupported shapes/dtypes, RuntimeError
     when the launch fails or a never-launched variant is first used inside CUDA-graph capture,
     and the JIT errors of :func:`aiter_mla.jit.get_module` on a variant's first use in a process
-    (all RuntimeError subclasses: ToolchainError, BuildError, CacheNotWritableError,
-    LockTimeoutError, JitDisabledError, ModuleLoadError; a malformed
+    (all RuntimeError subclasses: ToolchainError, BuildError, CacheError (CacheNotWritableError and
+    LockTimeoutError among them), JitDisabledError, ModuleLoadError; a malformed
     ``AITER_MLA_*`` variable is a ValueError naming it).
 
     Source: AITER #3072 ``hk_mla_decode_fwd`` (``csrc/kernels/mla/hk_decode_fwd.cu``),
@@ -789,8 +789,8 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     before this call launches anything), RuntimeError when a launch (metadata, decode
     or reduce) fails or a variant is first used inside CUDA-graph capture, and the
     JIT errors of :func:`aiter_mla.jit.get_module` on a variant's first use in a process (all
-    RuntimeError subclasses: ToolchainError, BuildError, CacheNotWritableError,
-    LockTimeoutError, JitDisabledError, ModuleLoadError; a malformed
+    RuntimeError subclasses: ToolchainError, BuildError, CacheError (CacheNotWritableError and
+    LockTimeoutError among them), JitDisabledError, ModuleLoadError; a malformed
     ``AITER_MLA_*`` variable is a ValueError naming it).
 
     Source: AITER #3072 ``aiter/mla.py`` ``mla_decode_fwd`` (docs/DESIGN.md §5.1: plan, decode, reduce; no

@@ -434,7 +434,8 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     when the cluster count cannot be known (CPU tensors, no visible GPU and ``CU_NUM`` unset) or
     the launch fails, and on CUDA the JIT errors of :func:`aiter_mla.jit.get_module` on a
     variant's first use in a process (all RuntimeError subclasses: ToolchainError, BuildError,
-    CacheNotWritableError, LockTimeoutError, JitDisabledError, ModuleLoadError).
+    CacheError (CacheNotWritableError and LockTimeoutError among them), JitDisabledError,
+    ModuleLoadError).
     """
     # Warm: the same buffers (by object and data pointer) and arguments as a checked call
     # before: one lookup, the launch (whose entry point asks the error record first:

@@ -240,7 +240,8 @@ def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map,
         earlier decode kernel found on this device (before this call launches anything).
         RuntimeError if the launch fails; on the reduce module's first use in a process, the
         JIT errors of :func:`aiter_mla.jit.get_module` (RuntimeError subclasses: ToolchainError,
-        BuildError, CacheNotWritableError, LockTimeoutError, JitDisabledError, ModuleLoadError).
+        BuildError, CacheError (CacheNotWritableError and LockTimeoutError among them),
+        JitDisabledError, ModuleLoadError).
         A schedule that points outside its buffers is never read out of bounds: the affected
         rows come out NaN instead.
 
