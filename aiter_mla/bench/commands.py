@@ -238,9 +238,13 @@ def _variants_or_message(args):
         return None, f"aiter-mla bench: error: {exc}"
 
 
-def _report_build_failures(results) -> int:
+def _report_build_failures(results, table_shown: bool = False) -> int:
+    """Print each failed build (after a build table, which already gives each one's error,
+    only those with more to say: the compiler's output) and the count; the count returned."""
     failed = [r for r in results if not r.ok]
     for r in failed:
+        if table_shown and not r.detail:
+            continue
         print(f"aiter-mla bench: {r.variant.label()} failed: {r.error}", file=sys.stderr)
         for line in r.detail:
             print(f"    {line}", file=sys.stderr)
@@ -263,7 +267,7 @@ def compile_only(args: argparse.Namespace) -> int:
     print(format_build_table(results))
     print(f"{len(results)} variants in {time.perf_counter() - t0:.1f} s wall "
           f"({args.jobs} job{'' if args.jobs == 1 else 's'})")
-    return 1 if _report_build_failures(results) else 0
+    return 1 if _report_build_failures(results, table_shown=True) else 0
 
 
 def bench_device():
