@@ -369,8 +369,9 @@ def main(argv=None) -> int:
     if ab.no_gpu("phase_budget.py"):
         return 2
     from aiter_mla.bench import environment
+    from aiter_mla.paths import checkout_commit
 
-    doc = {"tool": "scripts/phase_budget.py", "commit": args.commit or environment.commit(exclude=args.output),
+    doc = {"tool": "scripts/phase_budget.py", "commit": args.commit or checkout_commit(args.output),
            "device": environment.machine(), "nvcc_flags": os.environ[FLAGS_VAR],
            "templates": args.templates or "", "cases": []}
     try:

@@ -647,6 +647,7 @@ def run_ab(args, arms: list[Arm], folders: dict, params: list[dict], keys: dict 
     import torch
 
     from aiter_mla.bench import environment
+    from aiter_mla.paths import checkout_commit
     from aiter_mla.jit.key import tree_digest
     from aiter_mla.paths import TEMPLATES_DIR
 
@@ -655,7 +656,7 @@ def run_ab(args, arms: list[Arm], folders: dict, params: list[dict], keys: dict 
     names = [a.name for a in arms]
     order = round_orders(len(arms), args.rounds)
     sampler = Sampler(nvml_id(torch.cuda.current_device()))   # SM clock while each arm is timed
-    doc = {"tool": "scripts/template_ab.py", "commit": args.commit or environment.commit(exclude=args.output),
+    doc = {"tool": "scripts/template_ab.py", "commit": args.commit or checkout_commit(args.output),
            "device": environment.machine(), "rounds": args.rounds, "order": order,
            "arms": [{"name": a.name, "spec": a.spec, "kind": a.kind,
                      "templates": recorded_path(folders[a.name] or TEMPLATES_DIR),

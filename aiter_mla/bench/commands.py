@@ -283,6 +283,7 @@ def bench(args: argparse.Namespace) -> int:
 
     from .. import arch
     from . import ceilings as ceil_mod
+    from ..paths import checkout_commit
     from . import environment, host_time, inputs, jit_figures, peers as peers_mod, power, report, sweep
     from .formulas import ELEM_BYTES
     from .variants import build_variants
@@ -347,7 +348,7 @@ def bench(args: argparse.Namespace) -> int:
     del ctx, pool
 
     doc = report.build_results(
-        args.commit or environment.commit(exclude=args.output), environment.machine(), environment.versions(peers), ceilings, rows,
+        args.commit or checkout_commit(args.output), environment.machine(), environment.versions(peers), ceilings, rows,
         notes=notes, jit=jit,
         config={"command": command_line(args), "timing": TIMING_TEXT, "layers": sweep.LAYERS,
                 "step_max_floor_us": sweep.STEP_MAX_FLOOR_US,

@@ -1,9 +1,9 @@
-"""What a result was measured on: the commit, the machine, the software versions."""
+"""What a result was measured on: the machine and the software versions (the commit is
+:func:`aiter_mla.paths.checkout_commit`)."""
 from __future__ import annotations
 
 import platform
 import subprocess
-from pathlib import Path
 
 from .. import __version__, paths
 
@@ -15,13 +15,6 @@ def _run(cmd: list[str]) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() if proc.returncode == 0 else None
-
-
-def commit(exclude: Path | None = None) -> str:
-    """The commit measured: :func:`aiter_mla.paths.checkout_commit` (``git rev-parse HEAD`` of
-    this package's own checkout, ``-dirty`` when it differs, not counting ``exclude``, the
-    output folder; ``"unknown"`` in an installed wheel or outside a checkout)."""
-    return paths.checkout_commit(exclude)
 
 
 def nvcc_version() -> str | None:
