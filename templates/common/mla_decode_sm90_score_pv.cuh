@@ -15,9 +15,9 @@
 //   warps 12..15                   the producer warpgroup (warp 12 issues the TMA copies of Q and
 //                                  KV as in tile_pairs, warp 15 checks the inputs)
 // setmaxnreg: producer 24, scorer 136, PV 176 (4 x 128 at the 512-thread launch bound). ptxas
-// (CUDA 13.0, -Xptxas -v): 128 registers, 52 B spill stores / 48 B loads, all outside the three
-// per-tile loops (the producer's per-work set-up and cold paths, the PV warpgroups' per-work
-// set-up and epilogue; SASS checked with nvdisasm), no C75xx note. Scorer 120 (producer 40)
+// (CUDA 13.0, -Xptxas -v, 64 and 128 rows at page 64): 128 registers, 20 B spill stores / 20 B
+// loads, no C75xx note. Before the early QK chunk it was 52 / 48 B, which SASS (nvdisasm) placed
+// outside the three per-tile loops; the 20 B have not been placed. Scorer 120 (producer 40)
 // spills nothing but serialises the wgmmas (C7512); PV 168 or 184 (scorer <= 120) C7512 too.
 #pragma once
 #include "mla_decode_sm90_tile_pairs.cuh"
@@ -131,20 +131,38 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
                                            int num_tiles, float scale_log2, int wpar, uint32_t wuse, int group,
                                            int lane) {
   constexpr int kS = C::kStages;
+  // the wait for tile t + 1's stage comes before P(t) is published: its refill needs PV(t - 3)'s
+  // V reads, whose P went out two iterations earlier, so 2 stages would deadlock
+  static_assert(kS >= 3, "score_pv's early QK chunk needs at least 3 KV stages");
   const int r0 = group * 16 + (lane >> 2);
   const int tid = threadIdx.x - kPvThreads;
+  // QK(t + 1)'s first chunk is issued before softmax(t), so the tensor cores run it while this
+  // warpgroup computes the exponentials; its other chunks follow the softmax. A work's last tile
+  // issues a dummy QK (discarded) on its own stage, both operands from the stage, so that every
+  // iteration has the same wgmma groups (a wgmma issued under a branch serialises them all);
+  // Q is released at once, that stage after the dummy is waited.
+  const uint32_t q_addr = smem_addr(smem + C::kOffQ);
+  float s[C::kSTiles][4];
+  if (num_tiles > 0) qk_tile3<C>(s, smem, bar_full, tile_pairs::StageUse{static_cast<int>(seq % kS), (seq / kS) & 1});
   for (int t = 0; t < num_tiles; ++t, ++seq) {
     const tile_pairs::StageUse su{static_cast<int>(seq % kS), (seq / kS) & 1};
+    const tile_pairs::StageUse su1{static_cast<int>((seq + 1) % kS), ((seq + 1) / kS) & 1};
     const int slot = seq & 1;
     const int tok = tok_start + t * C::BN;
-    float s[C::kSTiles][4];
-    qk_tile3<C>(s, smem, bar_full, su);
-    if (t + 1 == num_tiles) {
+    const bool last = t + 1 == num_tiles;
+    if (t > 0) nb_arrive(kBarPFull + (slot ^ 1));                // P(t - 1): its PV runs under this softmax
+    if (last) {
       wg::mbar_arrive(q_empty);                                  // the work's last read of Q
       if (tok_end - tok < C::BN) zero_v_tail<C>(smem, su.stage, tok_end - tok, tid);
+    } else {
+      wg::mbar_arrive(bar_empty + su.stage * 8);                // K read
+      wg::mbar_wait(bar_full + su1.stage * 8, su1.parity);      // tile t + 1's stage
     }
-    wg::mbar_arrive(bar_empty + su.stage * 8);                  // K read
-    if (t > 0) nb_arrive(kBarPFull + (slot ^ 1));                // P(t - 1): its PV runs under this softmax
+    AITER_MLA_STAMP(kKvWait);
+    const uint32_t k_next = smem_addr(smem + C::kOffKv + (last ? su.stage : su1.stage) * C::kStageBytes);
+    const uint32_t q_next = last ? k_next : q_addr;
+    float sn[C::kSTiles][4];
+    tile_pairs::qk_chunk<C, 0>(sn, q_next, k_next);
     AITER_MLA_STAMP(kQk);
     float mx[2];
     const float sc = masked_quad_max<C>(s, st, tok + (lane & 3) * 2, tok + C::BN, scale_log2, mx);
@@ -184,6 +202,22 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
     for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * f[h] + sum[h];
     wg::fence_proxy_async();   // P -> the PV wgmmas' B operand
     AITER_MLA_STAMP(kSoftmax);
+    {   // QK(t + 1)'s other chunks (S in sn, two accumulators), waited
+      float acc0[C::kSTiles][4], acc1[C::kSTiles][4];
+      tile_pairs::qk_chunk<C, 1>(acc0, q_next, k_next);
+      tile_pairs::qk_chunk<C, 2>(acc1, q_next, k_next);
+      wg::wgmma_wait<1>();
+      wg::fence_operands(sn);
+      wg::qk_add<C>(sn, acc0);
+      wg::wgmma_wait<0>();
+      wg::qk_add<C>(sn, acc1);
+      wg::fence_operands(sn);
+    }
+    if (last) wg::mbar_arrive(bar_empty + su.stage * 8);       // K read (and the dummy's reads)
+#pragma unroll
+    for (int j = 0; j < C::kSTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = sn[j][e];
   }
   if (num_tiles > 0) nb_arrive(kBarPFull + ((seq - 1) & 1));     // the work's last P
   // the rows' l and m for the PV warpgroups' epilogue
