@@ -1,5 +1,5 @@
 // CPU emulator of the one-CTA metadata kernel (templates/mla_metadata.cu.j2), for machines
-// without a GPU: the rendered template's md_body runs with one std::thread per CUDA thread;
+// without a GPU: the rendered template's md_run runs with one std::thread per CUDA thread;
 // __syncthreads and warp shuffles are emulated with barriers. The kernel code under
 // test is the same text nvcc compiles; only the MD_* primitives differ.
 //
@@ -56,6 +56,29 @@ inline T shfl_up(T v, int d) {
   return r;
 }
 
+template <class T>
+inline T shfl_idx(T v, int src) {
+  const int w = tid / kWarp;
+  blk->slots[tid] = (int64_t)v;
+  blk->warps[w]->wait();
+  const T r = (T)blk->slots[w * kWarp + src % kWarp];
+  blk->warps[w]->wait();
+  return r;
+}
+
+// __any_sync over the thread's warp.
+inline bool warp_any(bool pred) {
+  const int w = tid / kWarp;
+  blk->slots[tid] = pred;
+  blk->warps[w]->wait();
+  bool any = false;
+  for (int i = 0; i < kWarp; ++i) any = any || blk->slots[w * kWarp + i] != 0;
+  blk->warps[w]->wait();
+  return any;
+}
+
+inline void sync_warp() { blk->warps[tid / kWarp]->wait(); }
+
 }  // namespace emu
 
 #define MD_DEVICE inline
@@ -66,6 +89,9 @@ inline T shfl_up(T v, int d) {
 #define MD_SYNC() emu::sync_block()
 #define MD_SYNC_COUNT(pred) emu::sync_count(pred)
 #define MD_SHFL_UP(v, d) emu::shfl_up((v), (d))
+#define MD_SHFL_IDX(v, src) emu::shfl_idx((v), (src))
+#define MD_WARP_ANY(pred) emu::warp_any(pred)
+#define MD_SYNC_WARP() emu::sync_warp()
 #define MD_FFS(m) __builtin_ffsll((long long)(m))
 
 #include MD_RENDERED
@@ -80,7 +106,7 @@ extern "C" int emu_get_metadata_v1(
     int64_t cap_partial_map, int num_batches, int num_clusters, int num_splits, int page_size,
     int kv_granularity, int overhead, int tail_threshold, void* split_heavy_tiles, int nthreads) {
   if (nthreads < emu::kWarp || nthreads % emu::kWarp || nthreads > 1024) return 1;
-  std::vector<int64_t> ws((md_workspace_bytes(nthreads) + 7) / 8);  // the shared memory
+  std::vector<int64_t> ws((md_run_workspace_bytes(num_batches, nthreads) + 7) / 8);  // the shared memory
   MdParams p;
   p.qo_indptr = (const int32_t*)qo_indptr;
   p.kv_indptr = (const int32_t*)kv_indptr;
@@ -110,9 +136,14 @@ extern "C" int emu_get_metadata_v1(
   for (int t = 0; t < nthreads; ++t)
     threads.emplace_back([t, &p, &ws] {
       emu::tid = t;
-      md_body(p, (unsigned char*)ws.data());
+      md_run(p, (unsigned char*)ws.data());
     });
   for (auto& th : threads) th.join();
   emu::blk = nullptr;
   return 0;
+}
+
+// Whether md_run takes the one-warp path (md_body_lanes) for this batch count and block size.
+extern "C" int emu_lanes_apply(int64_t num_batches, int nthreads) {
+  return md_lanes_apply(num_batches, nthreads) ? 1 : 0;
 }

@@ -1002,6 +1002,9 @@ class Emulator:
         vp, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         self.fn.argtypes = [vp] * 9 + [i64] * 5 + [i32] * 7 + [vp, i32]
         self.fn.restype = ctypes.c_int
+        self.lanes_apply = self.lib.emu_lanes_apply
+        self.lanes_apply.argtypes = [i64, i32]
+        self.lanes_apply.restype = ctypes.c_int
 
     def run(self, bufs, qo, kv, lpl, *, C, page_size, G, thr, msb=-1, nthreads=64):
         B = len(kv) - 1
@@ -1114,21 +1117,74 @@ def test_emulated_kernel_batch_4096(emulator):
                             nthreads=128)
 
 
+# md_body_lanes serves 1..LANES_MAX batches with one warp (MD_WARP * MD_LANE_BATCHES on sm_90a)
+LANES_MAX = 32 * 4
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs(max_batch=LANES_MAX), st.sampled_from([0, 3]))
+def test_emulated_one_warp_path_equals_reference(emulator, cfg, extra):
+    """The one-warp path (the device's launch up to LANES_MAX batches) against the Python
+    reference, on the same random configurations as the tiled path."""
+    B = len(cfg["lens"])
+    if B > LANES_MAX:
+        B = LANES_MAX
+        cfg = dict(cfg, lens=cfg["lens"][:B], qlens=cfg["qlens"][:B])
+    assert emulator.lanes_apply(B, 32) == 1
+    qo, kv, lpl = make_inputs(cfg["lens"], cfg["qlens"], cfg["page_size"])
+    emulate_and_compare(emulator, qo, kv, lpl, C=cfg["C"], page_size=cfg["page_size"],
+                        G=cfg["G"], thr=cfg["thr"], msb=cfg["msb"], nthreads=32, extra=extra)
+
+
+def test_emulated_one_warp_path_edge_cases(emulator):
+    """The edge cases of test_emulated_kernel_edge_cases that fit one warp's LANES_MAX batches,
+    through the one-warp path; batch 0 takes the tiled path at one warp."""
+    assert emulator.lanes_apply(0, 32) == 0 and emulator.lanes_apply(LANES_MAX + 1, 32) == 0
+    assert emulator.lanes_apply(1, 64) == 0
+    cases = [
+        ([], 8, 64, 1, 1),
+        ([0] * 40, 5, 16, 4, 2),
+        ([65], 2, 64, 1, 4),
+        ([10**6], 264, 64, 1, 1),
+        ([2**31 - 1], 264, 256, 1, 2),
+        ([2**30, 2**30 - 1], 132, 1, 64, 1),
+        ([(2**31 - 1) // 128] * 128, 132, 256, 1, 1),   # total ~2**31 tokens at LANES_MAX
+        ([8192] * 128, 132, 1, 64, 1),
+        ([1, 0, 2, 0, 3] * 25, 264, 64, 1, 1),
+        ([3200] * 64, 66, 64, 1, 1),
+        ([3200] * 128, 66, 64, 1, 1),
+        ([3200] * 63 + [3201], 66, 64, 1, 1),
+        ([3200, 3328] * 32, 66, 64, 1, 1),
+        ([8192] * 64, 132, 64, 1, 1),
+        ([3200] * 64, 264, 64, 1, 1),
+        ([8192] * 64, 132, 1, 64, 1),
+        ([100] * 3, 264, 1, 1, 1),
+        ([8192] * 45, 132, 64, 1, 3),
+        ([21], 132, 64, 1, 1),                          # the bench's b1 ctx21 step
+        ([3200] * 17 + [0] * 3 + [5000] * 11, 132, 64, 1, 2),
+    ]
+    for lens, C, ps, G, thr in cases:
+        qo, kv, lpl = make_inputs(lens, [thr] * len(lens), ps)
+        emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=ps, G=G, thr=thr, nthreads=32)
+
+
 def test_emulated_kernel_block_per_batch(emulator):
-    """The device's block below 1024 batches: one thread per batch in whole warps
-    (aiter_mla_get_metadata_v1's launch; one warp at batch 1), so one tile, and works walked in
-    several rounds when the cuts make more works than threads. Batch sizes at and around the
-    warp and block edges, long contexts so that batches are cut."""
+    """The device's block below 1024 batches (aiter_mla_get_metadata_v1's launch): one warp up
+    to LANES_MAX batches (the one-warp path, md_body_lanes), else one thread per batch in whole
+    warps, so one tile, and works walked in several rounds when the cuts make more works than
+    threads. Batch sizes at and around the warp, lanes and block edges, long contexts so that
+    batches are cut."""
     rng = random.Random(32)
     rounds = 0
-    for B in (1, 2, 31, 32, 33, 64, 100, 500, 900, 993, 1023):
+    for B in (1, 2, 31, 32, 33, 64, 100, 128, 129, 500, 900, 993, 1023):
         C = rng.choice((66, 132))
         ps = rng.choice((1, 16, 64))
         G = md.default_kv_granularity(ps)
         lens = random_lengths(rng, "random", B, ps, G)
         qlens = [rng.randint(1, 4) for _ in range(B)]
         qo, kv, lpl = make_inputs(lens, qlens, ps)
-        threads = min(1024, -(-B // 32) * 32)
+        threads = 32 if B <= LANES_MAX else min(1024, -(-B // 32) * 32)
+        assert emulator.lanes_apply(B, threads) == (B <= LANES_MAX)
         s = emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=ps, G=G, thr=4,
                                 nthreads=threads)
         rounds += len(s.work_info) > threads
@@ -1162,7 +1218,7 @@ def test_emulated_kernel_invalid_values_stay_in_bounds(emulator):
         raw = alloc([((s[0] + guard,) + s[1:], d) for s, d in info])
         bufs = [r[: s[0]] for r, (s, _) in zip(raw, info)]
         emulator.run(bufs, qo, kv, lpl, C=C, page_size=rng.choice([1, 16]), G=rng.choice([1, 4]),
-                     thr=rng.randint(1, 8), nthreads=64)
+                     thr=rng.randint(1, 8), nthreads=rng.choice([32, 64]))
         for r, (s, d) in zip(raw[1:], info[1:]):
             assert (r[s[0]:] == SENTINEL).all()
 
