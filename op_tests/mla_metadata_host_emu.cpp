@@ -3,7 +3,7 @@
 // __syncthreads and warp shuffles are emulated with barriers. The kernel code under
 // test is the same text nvcc compiles; only the MD_* primitives differ.
 //
-// Build: g++ -std=c++17 -O1 -pthread -shared -fPIC -DMD_RENDERED='"<rendered .cu>"' this.cpp
+// Build: g++ -std=c++17 -O1 -pthread -shared -fPIC -DMD_RENDERED='"<rendered .cu>"' [-DEMU_WARP=64] this.cpp
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -16,7 +16,11 @@
 
 namespace emu {
 
-constexpr int kWarp = 32;
+// The warp width: 32 as on NVIDIA; -DEMU_WARP=64 emulates AMD's 64-lane wave.
+#ifndef EMU_WARP
+#define EMU_WARP 32
+#endif
+constexpr int kWarp = EMU_WARP;
 
 struct Block {
   explicit Block(int nthreads) : nthreads(nthreads), block(nthreads), slots(nthreads) {
@@ -79,11 +83,13 @@ inline bool warp_any(bool pred) {
 
 inline void sync_warp() { blk->warps[tid / kWarp]->wait(); }
 
+bool force_tiled = false;  // run the tiled body md_body whatever md_run would pick
+
 }  // namespace emu
 
 #define MD_DEVICE inline
 #define MD_HOSTDEV inline
-#define MD_WARP 32
+#define MD_WARP EMU_WARP
 #define MD_TID (emu::tid)
 #define MD_NTHREADS (emu::blk->nthreads)
 #define MD_SYNC() emu::sync_block()
@@ -97,7 +103,7 @@ inline void sync_warp() { blk->warps[tid / kWarp]->wait(); }
 #include MD_RENDERED
 
 // Same arguments as aiter_mla_get_metadata_v1, host pointers, plus the emulated block size
-// (a multiple of 32, <= 1024), split_heavy_tiles before it. Returns 0, or 1 for invalid arguments.
+// (a multiple of the warp width, <= 1024), split_heavy_tiles before it. Returns 0, or 1 for invalid arguments.
 extern "C" int emu_get_metadata_v1(
     const void* qo_indptr, const void* kv_indptr, const void* kv_last_page_lens,
     void* work_metadata_ptrs, void* work_indptr, void* work_info_set, void* reduce_indptr,
@@ -106,7 +112,10 @@ extern "C" int emu_get_metadata_v1(
     int64_t cap_partial_map, int num_batches, int num_clusters, int num_splits, int page_size,
     int kv_granularity, int overhead, int tail_threshold, void* split_heavy_tiles, int nthreads) {
   if (nthreads < emu::kWarp || nthreads % emu::kWarp || nthreads > 1024) return 1;
-  std::vector<int64_t> ws((md_run_workspace_bytes(num_batches, nthreads) + 7) / 8);  // the shared memory
+  const bool tiled = emu::force_tiled;
+  // the shared memory
+  std::vector<int64_t> ws(((tiled ? md_workspace_bytes(nthreads)
+                                  : md_run_workspace_bytes(num_batches, nthreads)) + 7) / 8);
   MdParams p;
   p.qo_indptr = (const int32_t*)qo_indptr;
   p.kv_indptr = (const int32_t*)kv_indptr;
@@ -134,9 +143,10 @@ extern "C" int emu_get_metadata_v1(
   emu::blk = &block;
   std::vector<std::thread> threads;
   for (int t = 0; t < nthreads; ++t)
-    threads.emplace_back([t, &p, &ws] {
+    threads.emplace_back([t, &p, &ws, tiled] {
       emu::tid = t;
-      md_run(p, (unsigned char*)ws.data());
+      if (tiled) md_body(p, (unsigned char*)ws.data());
+      else md_run(p, (unsigned char*)ws.data());
     });
   for (auto& th : threads) th.join();
   emu::blk = nullptr;
@@ -147,3 +157,11 @@ extern "C" int emu_get_metadata_v1(
 extern "C" int emu_lanes_apply(int64_t num_batches, int nthreads) {
   return md_lanes_apply(num_batches, nthreads) ? 1 : 0;
 }
+
+// The block size the device launch uses for num_batches.
+extern "C" int emu_launch_threads(int64_t num_batches) { return md_launch_threads(num_batches); }
+
+// 1: later calls run the tiled body (md_body) even where the device would take the one-warp path.
+extern "C" void emu_force_tiled(int on) { emu::force_tiled = on != 0; }
+
+extern "C" int emu_warp() { return emu::kWarp; }

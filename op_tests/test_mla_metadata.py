@@ -1005,39 +1005,63 @@ class Emulator:
         self.lanes_apply = self.lib.emu_lanes_apply
         self.lanes_apply.argtypes = [i64, i32]
         self.lanes_apply.restype = ctypes.c_int
+        self.launch_threads = self.lib.emu_launch_threads   # the device launch's block size
+        self.launch_threads.argtypes = [i64]
+        self.launch_threads.restype = ctypes.c_int
+        self.lib.emu_force_tiled.argtypes = [i32]
+        self.warp = self.lib.emu_warp()
 
-    def run(self, bufs, qo, kv, lpl, *, C, page_size, G, thr, msb=-1, nthreads=64):
+    def run(self, bufs, qo, kv, lpl, *, C, page_size, G, thr, msb=-1, nthreads=64,
+            tiled=False, ptrs_in=None):
+        """tiled: run md_body even where the launch would take the one-warp path. ptrs_in:
+        (qo, kv, last_page_lens) addresses to pass instead of copies of the lists."""
         B = len(kv) - 1
         t = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
         qo_t, kv_t, lpl_t = t(qo), t(kv), t(lpl or [0])
+        inputs = ptrs_in or (qo_t.data_ptr(), kv_t.data_ptr(), lpl_t.data_ptr())
         ptrs, indptr, info_set, rindptr, final, partial = bufs
         heavy = ctypes.c_int32(-7)   # the split-merge hint (split_heavy_tiles)
-        rc = self.fn(qo_t.data_ptr(), kv_t.data_ptr(), lpl_t.data_ptr(), ptrs.data_ptr(),
-                     indptr.data_ptr(), info_set.data_ptr(), rindptr.data_ptr(),
-                     final.data_ptr(), partial.data_ptr(), indptr.numel(), info_set.shape[0],
-                     rindptr.numel(), final.shape[0], partial.numel(), B, C,
-                     num_splits_for(C, msb, B), page_size, G, overhead_blocks(page_size), thr,
-                     ctypes.addressof(heavy), nthreads)
+        self.lib.emu_force_tiled(1 if tiled else 0)
+        try:
+            rc = self.fn(*inputs, ptrs.data_ptr(),
+                         indptr.data_ptr(), info_set.data_ptr(), rindptr.data_ptr(),
+                         final.data_ptr(), partial.data_ptr(), indptr.numel(), info_set.shape[0],
+                         rindptr.numel(), final.shape[0], partial.numel(), B, C,
+                         num_splits_for(C, msb, B), page_size, G, overhead_blocks(page_size), thr,
+                         ctypes.addressof(heavy), nthreads)
+        finally:
+            self.lib.emu_force_tiled(0)
         assert rc == 0
         return heavy.value
 
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
+def build_emulator(d: Path, arch_name: str, warp: int) -> "Emulator":
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no host C++ compiler for the kernel emulator")
-    src = render_template("sm_90a")
-    d = tmp_path_factory.mktemp("mdemu")
+    src = render_template(arch_name)
     cu = d / "mla_metadata.cu"
     cu.write_text(src)
     harness = Path(__file__).with_name("mla_metadata_host_emu.cpp")
-    lib = d / f"emu_{hashlib.sha256(src.encode()).hexdigest()[:12]}.so"
+    lib = d / f"emu_{hashlib.sha256(src.encode()).hexdigest()[:12]}_w{warp}.so"
     cmd = [cxx, "-std=c++17", "-O1", "-pthread", "-shared", "-fPIC", "-Wall",
-           f'-DMD_RENDERED="{cu}"', str(harness), "-o", str(lib)]
+           f'-DMD_RENDERED="{cu}"', f"-DEMU_WARP={warp}", str(harness), "-o", str(lib)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
-    return Emulator(lib)
+    emu = Emulator(lib)
+    assert emu.warp == warp
+    return emu
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    return build_emulator(tmp_path_factory.mktemp("mdemu"), "sm_90a", 32)
+
+
+@pytest.fixture(scope="module")
+def emulator64(tmp_path_factory):
+    """The AMD render with a 64-lane wave (gfx942's MD_WARP)."""
+    return build_emulator(tmp_path_factory.mktemp("mdemu64"), "gfx942", 64)
 
 
 def info_sizes(B, C):
@@ -1047,13 +1071,13 @@ def info_sizes(B, C):
 
 
 def emulate_and_compare(emulator, qo, kv, lpl, *, C, page_size, G, thr, msb=-1, nthreads=64,
-                        extra=0):
+                        extra=0, tiled=False):
     B = len(kv) - 1
     info = [((s[0] + extra,) + s[1:], d) if i else (s, d)
             for i, (s, d) in enumerate(info_sizes(B, C))]
     bufs = alloc(info)
     heavy = emulator.run(bufs, qo, kv, lpl, C=C, page_size=page_size, G=G, thr=thr, msb=msb,
-                         nthreads=nthreads)
+                         nthreads=nthreads, tiled=tiled)
     s = reference_schedule(qo, kv, lpl, num_heads=1, num_clusters=C, page_size=page_size,
                            kv_granularity=G, max_seqlen_qo=thr, max_split_per_batch=msb)
     compare_buffers(bufs, s, B)
@@ -1100,10 +1124,12 @@ def test_emulated_kernel_edge_cases(emulator):
     for lens, C, ps, G, thr in cases:
         qo, kv, lpl = make_inputs(lens, [thr] * len(lens), ps)
         emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=ps, G=G, thr=thr)
-    # uniform batches spread over clusters, the batches walked in several tiles of threads
+    # uniform batches spread over clusters, the batches walked in several tiles of threads (the
+    # tiled body forced: the launch would take the one-warp path at 64 batches)
     for lens, C in (([8192] * 64, 132), ([3200] * 64, 264)):
         qo, kv, lpl = make_inputs(lens, [1] * len(lens), 64)
-        emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=64, G=1, thr=1, nthreads=32)
+        emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=64, G=1, thr=1, nthreads=32,
+                            tiled=True)
 
 
 def test_emulated_kernel_batch_4096(emulator):
@@ -1168,6 +1194,106 @@ def test_emulated_one_warp_path_edge_cases(emulator):
         emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=ps, G=G, thr=thr, nthreads=32)
 
 
+def garbage_inputs(rng, B):
+    """kv_indptr / qo_indptr / last-page lengths a caller should never pass: random int32,
+    decreasing, or huge steps."""
+    kind = rng.choice(("random", "decreasing", "huge"))
+    if kind == "random":
+        kv = [rng.randint(-2**31, 2**31 - 1) for _ in range(B + 1)]
+    elif kind == "decreasing":
+        kv = sorted((rng.randint(-2**20, 2**31 - 1) for _ in range(B + 1)), reverse=True)
+    else:
+        kv = [0]
+        for _ in range(B):
+            kv.append(min(2**31 - 1, kv[-1] + rng.choice((0, 1, 2**29))))
+    qo = ([rng.randint(-2**31, 2**31 - 1) for _ in range(B + 1)] if rng.random() < 0.5
+          else list(range(B + 1)))
+    lpl = [rng.randint(-2**31, 2**31 - 1) for _ in range(B)]
+    return qo, kv, lpl
+
+
+def test_emulated_one_warp_path_equals_tiled_on_garbage(emulator):
+    """Where the reference cannot judge (invalid inputs), the one-warp path must still write
+    exactly what the tiled body writes, buffer for buffer, and the same split-merge hint."""
+    rng = random.Random(11)
+    for _ in range(60):
+        B, C = rng.randint(1, LANES_MAX), rng.choice((1, 7, 132, 264))
+        qo, kv, lpl = garbage_inputs(rng, B)
+        kw = dict(C=C, page_size=rng.choice((1, 16, 64)), G=rng.choice((1, 4)),
+                  thr=rng.randint(1, 8), nthreads=32)
+        outs = []
+        for tiled in (False, True):
+            bufs = alloc(info_sizes(B, C))
+            heavy = emulator.run(bufs, qo, kv, lpl, tiled=tiled, **kw)
+            outs.append((heavy, [b.clone() for b in bufs[1:]]))
+        assert outs[0][0] == outs[1][0]
+        for a, b in zip(outs[0][1], outs[1][1]):
+            assert torch.equal(a, b)
+
+
+def guarded_int32(vals, keep):
+    """vals in anonymous memory that ends (or starts) at a no-access page, so that a read one
+    element past (or before) the array faults. Linux: mmap + mprotect through libc."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    page = 4096
+    n = len(vals)
+    pages = (4 * n + page - 1) // page + 2
+    base = libc.mmap(None, pages * page, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANON
+    assert base not in (None, ctypes.c_void_p(-1).value)
+    keep.append(base)
+    assert libc.mprotect(base, page, 0) == 0
+    assert libc.mprotect(base + (pages - 1) * page, page, 0) == 0
+    addr = base + (pages - 1) * page - 4 * n      # the array's end touches the last guard page
+    (ctypes.c_int32 * n).from_address(addr)[:] = vals
+    return addr
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="guard pages through Linux mmap/mprotect")
+def test_emulated_kernel_reads_only_its_inputs(emulator):
+    """Inputs of exactly B + 1 (indptrs) and B (last-page lengths) int32 that end at a
+    no-access page, and a null last-page array at page size 1: a read past an input's end
+    crashes the test process. Both bodies, valid and garbage values."""
+    rng = random.Random(5)
+    keep = []   # the mappings stay until the process exits (a few pages)
+    for i in range(40):
+        B, C = rng.randint(1, LANES_MAX + 40), rng.choice((1, 7, 132))
+        ps = rng.choice((1, 16, 64))
+        if i % 2:
+            qo, kv, lpl = garbage_inputs(rng, B)
+        else:
+            qo, kv, lpl = make_inputs(random_lengths(rng, "random", B, ps, 1),
+                                      [1] * B, ps)
+        ins = (guarded_int32(qo, keep), guarded_int32(kv, keep),
+               0 if ps == 1 else guarded_int32(lpl, keep))
+        for tiled in (False, True):
+            bufs = alloc(info_sizes(B, C))
+            emulator.run(bufs, qo, kv, lpl, C=C, page_size=ps, G=1, thr=rng.randint(1, 4),
+                         nthreads=emulator.launch_threads(B), tiled=tiled, ptrs_in=ins)
+
+
+def test_emulated_one_warp_path_64_lanes(emulator64):
+    """AMD's 64-lane wave: the one-warp path serves up to 256 batches (4 a lane); against the
+    reference, with the device launch's block size."""
+    rng = random.Random(64)
+    lanes_max = 64 * 4
+    assert emulator64.launch_threads(lanes_max) == 64
+    assert emulator64.launch_threads(lanes_max + 1) == 5 * 64
+    for B in (1, 2, 63, 64, 65, 127, 128, 129, 200, 255, 256, 257):
+        ps = rng.choice((1, 16, 64))
+        G = md.default_kv_granularity(ps)
+        lens = random_lengths(rng, rng.choice(KINDS), B, ps, G)
+        qlens = [rng.randint(1, 4) for _ in range(B)]
+        qo, kv, lpl = make_inputs(lens, qlens, ps)
+        threads = emulator64.launch_threads(B)
+        assert emulator64.lanes_apply(B, threads) == (B <= lanes_max)
+        emulate_and_compare(emulator64, qo, kv, lpl, C=rng.choice((66, 132, 304)), page_size=ps,
+                            G=G, thr=4, nthreads=threads)
+
+
 def test_emulated_kernel_block_per_batch(emulator):
     """The device's block below 1024 batches (aiter_mla_get_metadata_v1's launch): one warp up
     to LANES_MAX batches (the one-warp path, md_body_lanes), else one thread per batch in whole
@@ -1183,7 +1309,8 @@ def test_emulated_kernel_block_per_batch(emulator):
         lens = random_lengths(rng, "random", B, ps, G)
         qlens = [rng.randint(1, 4) for _ in range(B)]
         qo, kv, lpl = make_inputs(lens, qlens, ps)
-        threads = 32 if B <= LANES_MAX else min(1024, -(-B // 32) * 32)
+        threads = emulator.launch_threads(B)
+        assert threads == (32 if B <= LANES_MAX else min(1024, -(-B // 32) * 32))
         assert emulator.lanes_apply(B, threads) == (B <= LANES_MAX)
         s = emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=ps, G=G, thr=4,
                                 nthreads=threads)

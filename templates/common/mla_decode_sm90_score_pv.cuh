@@ -131,9 +131,8 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
                                            int num_tiles, float scale_log2, int wpar, uint32_t wuse, int group,
                                            int lane) {
   constexpr int kS = C::kStages;
-  // the wait for tile t + 1's stage comes before P(t) is published: its refill needs PV(t - 3)'s
-  // V reads, whose P went out two iterations earlier, so 2 stages would deadlock
-  static_assert(kS >= 3, "score_pv's early QK chunk needs at least 3 KV stages");
+  // The wait for tile t + 1's stage comes after P(t - 1) is published, so that stage's refill
+  // depends only on PV warpgroup reads whose P is already out. Only the 4-stage ring has run.
   const int r0 = group * 16 + (lane >> 2);
   const int tid = threadIdx.x - kPvThreads;
   // QK(t + 1)'s first chunk is issued before softmax(t), so the tensor cores run it while this
@@ -174,7 +173,9 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
       f[h] = fast_exp2(st.m[h] - mref[h]);
       st.m[h] = m_new;
     }
+    AITER_MLA_STAMP(kSoftmax);
     if (seq >= 2) nb_sync(kBarPEmpty + slot);                    // PV(seq - 2) is done with this slot
+    AITER_MLA_STAMP(kHandover);
     if ((lane & 3) == 0) {
       float* fac = tile_pairs::row_factor<C>(smem, slot);
       fac[r0] = f[0];
@@ -213,6 +214,7 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
       wg::qk_add<C>(sn, acc1);
       wg::fence_operands(sn);
     }
+    AITER_MLA_STAMP(kQk);
     if (last) wg::mbar_arrive(bar_empty + su.stage * 8);       // K read (and the dummy's reads)
 #pragma unroll
     for (int j = 0; j < C::kSTiles; ++j)
