@@ -165,3 +165,5 @@ extern "C" int emu_launch_threads(int64_t num_batches) { return md_launch_thread
 extern "C" void emu_force_tiled(int on) { emu::force_tiled = on != 0; }
 
 extern "C" int emu_warp() { return emu::kWarp; }
+
+extern "C" int emu_lanes_max() { return MD_LANES_MAX; }

@@ -1010,6 +1010,7 @@ class Emulator:
         self.launch_threads.restype = ctypes.c_int
         self.lib.emu_force_tiled.argtypes = [i32]
         self.warp = self.lib.emu_warp()
+        self.lanes_max = self.lib.emu_lanes_max()   # batches the one-warp path serves
 
     def run(self, bufs, qo, kv, lpl, *, C, page_size, G, thr, msb=-1, nthreads=64,
             tiled=False, ptrs_in=None):
@@ -1035,7 +1036,7 @@ class Emulator:
         return heavy.value
 
 
-def build_emulator(d: Path, arch_name: str, warp: int) -> "Emulator":
+def build_emulator(d: Path, arch_name: str, warp: int) -> Emulator:
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no host C++ compiler for the kernel emulator")
@@ -1143,8 +1144,9 @@ def test_emulated_kernel_batch_4096(emulator):
                             nthreads=128)
 
 
-# md_body_lanes serves 1..LANES_MAX batches with one warp (MD_WARP * MD_LANE_BATCHES on sm_90a)
-LANES_MAX = 32 * 4
+# md_body_lanes serves 1..LANES_MAX batches with one warp (MD_WARP * MD_LANE_BATCHES on sm_90a;
+# the emulator fixtures check it)
+LANES_MAX = 32
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -1156,7 +1158,7 @@ def test_emulated_one_warp_path_equals_reference(emulator, cfg, extra):
     if B > LANES_MAX:
         B = LANES_MAX
         cfg = dict(cfg, lens=cfg["lens"][:B], qlens=cfg["qlens"][:B])
-    assert emulator.lanes_apply(B, 32) == 1
+    assert emulator.lanes_max == LANES_MAX and emulator.lanes_apply(B, 32) == 1
     qo, kv, lpl = make_inputs(cfg["lens"], cfg["qlens"], cfg["page_size"])
     emulate_and_compare(emulator, qo, kv, lpl, C=cfg["C"], page_size=cfg["page_size"],
                         G=cfg["G"], thr=cfg["thr"], msb=cfg["msb"], nthreads=32, extra=extra)
@@ -1168,28 +1170,28 @@ def test_emulated_one_warp_path_edge_cases(emulator):
     assert emulator.lanes_apply(0, 32) == 0 and emulator.lanes_apply(LANES_MAX + 1, 32) == 0
     assert emulator.lanes_apply(1, 64) == 0
     cases = [
-        ([], 8, 64, 1, 1),
-        ([0] * 40, 5, 16, 4, 2),
+        ([], 8, 64, 1, 1),                              # batch 0: the tiled body
+        ([0] * 32, 5, 16, 4, 2),
         ([65], 2, 64, 1, 4),
         ([10**6], 264, 64, 1, 1),
         ([2**31 - 1], 264, 256, 1, 2),
         ([2**30, 2**30 - 1], 132, 1, 64, 1),
-        ([(2**31 - 1) // 128] * 128, 132, 256, 1, 1),   # total ~2**31 tokens at LANES_MAX
-        ([8192] * 128, 132, 1, 64, 1),
-        ([1, 0, 2, 0, 3] * 25, 264, 64, 1, 1),
-        ([3200] * 64, 66, 64, 1, 1),
-        ([3200] * 128, 66, 64, 1, 1),
-        ([3200] * 63 + [3201], 66, 64, 1, 1),
-        ([3200, 3328] * 32, 66, 64, 1, 1),
-        ([8192] * 64, 132, 64, 1, 1),
-        ([3200] * 64, 264, 64, 1, 1),
-        ([8192] * 64, 132, 1, 64, 1),
+        ([(2**31 - 1) // 32] * 32, 132, 256, 1, 1),     # total ~2**31 tokens at LANES_MAX
+        ([8192] * 32, 132, 1, 64, 1),
+        ([1, 0, 2, 0, 3] * 6, 264, 64, 1, 1),
+        ([3200] * 32, 16, 64, 1, 1),                    # uniform: whole batches per slice
+        ([3200] * 31 + [3201], 16, 64, 1, 1),
+        ([3200, 3328] * 16, 16, 64, 1, 1),
+        ([8192] * 32, 132, 64, 1, 1),                   # uniform, 4 clusters a batch
+        ([3200] * 16, 132, 64, 1, 1),
+        ([8192] * 32, 132, 1, 64, 1),
         ([100] * 3, 264, 1, 1, 1),
-        ([8192] * 45, 132, 64, 1, 3),
+        ([8192] * 30, 132, 64, 1, 3),
         ([21], 132, 64, 1, 1),                          # the bench's b1 ctx21 step
         ([3200] * 17 + [0] * 3 + [5000] * 11, 132, 64, 1, 2),
     ]
     for lens, C, ps, G, thr in cases:
+        assert emulator.lanes_apply(len(lens), 32) == (len(lens) >= 1)
         qo, kv, lpl = make_inputs(lens, [thr] * len(lens), ps)
         emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=ps, G=G, thr=thr, nthreads=32)
 
@@ -1276,13 +1278,14 @@ def test_emulated_kernel_reads_only_its_inputs(emulator):
 
 
 def test_emulated_one_warp_path_64_lanes(emulator64):
-    """AMD's 64-lane wave: the one-warp path serves up to 256 batches (4 a lane); against the
-    reference, with the device launch's block size."""
+    """AMD's 64-lane wave: the one-warp path serves up to 64 batches (one a lane); against
+    the reference, with the device launch's block size."""
     rng = random.Random(64)
-    lanes_max = 64 * 4
+    lanes_max = emulator64.lanes_max
+    assert lanes_max == 64 * LANES_MAX // 32
     assert emulator64.launch_threads(lanes_max) == 64
-    assert emulator64.launch_threads(lanes_max + 1) == 5 * 64
-    for B in (1, 2, 63, 64, 65, 127, 128, 129, 200, 255, 256, 257):
+    assert emulator64.launch_threads(lanes_max + 1) == 128
+    for B in (1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129, 200):
         ps = rng.choice((1, 16, 64))
         G = md.default_kv_granularity(ps)
         lens = random_lengths(rng, rng.choice(KINDS), B, ps, G)
