@@ -32,7 +32,8 @@ FP8_MAX = 448.0
     (dict(max_num_pages=-3), ValueError, "max_num_pages must be an int >= 1, got -3"),
     # said only "an int >= 1", while 48 named the powers of two (a fresh-user report)
     (dict(page_size=-64), ValueError, r"page_size must be a power of two in 1\.\.256, got -64"),
-    (dict(page_size=48), NotImplementedError, r"page_size: a power of two in 1\.\.256"),
+    (dict(page_size=48), ValueError, r"page_size must be a power of two in 1\.\.256, got 48"),
+    (dict(page_size=512), ValueError, r"page_size must be a power of two in 1\.\.256, got 512"),
     (dict(num_heads=129), NotImplementedError, r"\(129, 1\) is not supported"),
     (dict(dtype=torch.float16), NotImplementedError, "dtype must be one of"),
     (dict(device="cpu"), ValueError, "device must be a CUDA device, got cpu"),

@@ -1345,7 +1345,7 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
         aiter_mla.hk_mla_decode_fwd(q.float(), kv, qo, kvi, idx, last, qo, wis, 1, 0.1, split_o, split_l, o)
     with pytest.raises(NotImplementedError, match=r"^MlaDecodePlanner: \(num_heads, max_seqlen_q\) = \(129, 1\)"):
         aiter_mla.MlaDecodePlanner(8, 129, sm_scale=0.1, max_num_pages=16)
-    with pytest.raises(NotImplementedError, match="^MlaDecodePlanner: page_size 3 is not supported"):
+    with pytest.raises(ValueError, match=r"^MlaDecodePlanner: page_size must be a power of two in 1\.\.256, got 3"):
         aiter_mla.MlaDecodePlanner(8, 16, sm_scale=0.1, max_num_pages=16, page_size=3)
     with pytest.raises(NotImplementedError, match=r"\(num_heads, max_seqlen_q\) = \(16, 17\)"):
         aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last, 17, page_size=16)

@@ -61,6 +61,9 @@ class MlaDecodePlanner:
         self.num_heads = _positive_int("num_heads", num_heads)
         self.max_num_pages = _positive_int("max_num_pages", max_num_pages)
         self.page_size = _positive_int("page_size", page_size, "a power of two in 1..256")
+        if self.page_size & (self.page_size - 1) or self.page_size > 256:
+            raise ValueError(f"MlaDecodePlanner: page_size must be a power of two in 1..256, "
+                             f"got {page_size!r}")
         self.max_seqlen_q = _positive_int("max_seqlen_q", max_seqlen_q)
         self.sm_scale = require_real("MlaDecodePlanner: sm_scale", sm_scale, float32=True)
         if self.sm_scale <= 0:   # a planner is for a model: its scale is positive
