@@ -20,10 +20,10 @@ from . import decode, metadata
 __all__ = ["MlaDecodePlanner"]
 
 
-def _positive_int(name: str, value, expected: str = "an int >= 1") -> int:
+def _positive_int(name: str, value) -> int:
     v = require_int(f"MlaDecodePlanner: {name}", value)
     if v < 1:
-        raise ValueError(f"MlaDecodePlanner: {name} must be {expected}, got {value!r}")
+        raise ValueError(f"MlaDecodePlanner: {name} must be an int >= 1, got {value!r}")
     return v
 
 
@@ -60,8 +60,8 @@ class MlaDecodePlanner:
         self.max_batch_size = _positive_int("max_batch_size", max_batch_size)
         self.num_heads = _positive_int("num_heads", num_heads)
         self.max_num_pages = _positive_int("max_num_pages", max_num_pages)
-        self.page_size = _positive_int("page_size", page_size, "a power of two in 1..256")
-        if self.page_size & (self.page_size - 1) or self.page_size > 256:
+        self.page_size = require_int("MlaDecodePlanner: page_size", page_size)
+        if not 1 <= self.page_size <= 256 or self.page_size & (self.page_size - 1):
             raise ValueError(f"MlaDecodePlanner: page_size must be a power of two in 1..256, "
                              f"got {page_size!r}")
         self.max_seqlen_q = _positive_int("max_seqlen_q", max_seqlen_q)
