@@ -674,6 +674,24 @@ def test_foreign_things_under_entries_are_left_alone(fake_jit, capsys):
     assert not leftover.exists() and all(f.read_text() == "mine" for f in theirs)
 
 
+def test_clear_all_says_it_removed_failed_builds(fake_jit, capsys):
+    """clear --all deletes the kept sources and logs of failed builds (failed/<key>): its report
+    said only "removed 0 entries" while they went (a fresh-user trial)."""
+    from aiter_mla.cli import main
+
+    for k in ("ab" * 32, "cd" * 32):
+        d = fake_jit.root / "failed" / k
+        d.mkdir(parents=True)
+        (d / "build.log").write_text("error")
+    assert main(["jit", "clear", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "removed 0 entries (0 bytes) and 2 failed builds' source and log from" in out, out
+    assert not any((fake_jit.root / "failed").iterdir())
+    core.build_variant("fake", **P)
+    assert main(["jit", "clear", "--all"]) == 0
+    assert "failed build" not in capsys.readouterr().out   # none kept: not mentioned
+
+
 def test_default_root_ignores_a_relative_xdg_cache_home(monkeypatch, tmp_path):
     """XDG_CACHE_HOME=relxdg put the cache under the working folder (the spec: ignore it)."""
     from aiter_mla.jit.cache import default_root

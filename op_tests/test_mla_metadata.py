@@ -814,7 +814,7 @@ def test_op_argument_checks(monkeypatch):
     # buffers sized for 128 heads (CU_NUM 10: 5 lists) used for 16 (20 lists): the message
     # names the head count, q length and list count that decided the size
     big_heads = alloc(md.get_mla_metadata_info_v1(2, 1, 128, None, None))
-    with pytest.raises(ValueError, match=r"work_indptr has 6 rows; this input needs >= 21 .*"
+    with pytest.raises(ValueError, match=r"work_indptr has 6 elements; this input needs >= 21 .*"
                                          r"num_head_qo = 16, max_seqlen_qo = 1; this call has 20 work lists"):
         call_op(big_heads, qo, kv, lpl, page_size=16, max_seqlen_qo=1)
     # uni_seqlen_qo alone is enough
@@ -856,7 +856,7 @@ def test_buffers_too_small_for_the_dtypes_say_so(monkeypatch):
     kw = dict(heads=16, page_size=64, kv_granularity=1, max_seqlen_qo=1)
     info = md.get_mla_metadata_info_v1(2, 1, 16, bf16, bf16)
     with pytest.raises(ValueError, match=re.escape(
-            "work_indptr has 133 rows; this input needs >= 265 (allocate it from get_mla_metadata_info_v1 "
+            "work_indptr has 133 elements; this input needs >= 265 (allocate it from get_mla_metadata_info_v1 "
             "with batch_size >= 2, num_head_qo = 16, max_seqlen_qo = 1; this call has 264 work lists from "
             "the heads, q length and device / CU_NUM and, at <= 32 rows, the dtypes: it planned for "
             "dtype_q = None, dtype_kv = None (fp8, no dtype given; fp8 plans two work lists per "

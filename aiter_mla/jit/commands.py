@@ -632,11 +632,15 @@ def cmd_clear(args) -> int:
                 freed += e["bytes"]
             elif done is False:   # None: another clear / gc removed it first
                 skipped.append(meta.get("variant") or e["key"])
+        failed = 0
         if args.all:
+            failed = len(cache.failed_builds())
             cache.clear_failed()
         if cache.root.exists():
             cache.sweep()
-        print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} ({freed} bytes) from "
+        what = "failed build's" if failed == 1 else "failed builds'"
+        kept = f" and {failed} {what} source and log" if failed else ""
+        print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} ({freed} bytes){kept} from "
               f"{cache.root}; lock files are kept (removing one could let two builders in)")
         for s in skipped:
             print(f"skipped {s}: another process holds its lock (a build, clear or gc)")

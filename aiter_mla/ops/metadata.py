@@ -318,7 +318,7 @@ def _check_buffer(t, name: str, dtype, min_rows: int, cols: int | None, device,
         raise ValueError(f"{name} must have shape (rows, {cols}), got {tuple(t.shape)}")
     if t.shape[0] < min_rows:
         raise ValueError(
-            f"{name} has {t.shape[0]} rows; this input needs >= {min_rows} "
+            f"{name} has {t.shape[0]} {'elements' if cols is None else 'rows'}; this input needs >= {min_rows} "
             f"(allocate it from get_mla_metadata_info_v1 with {sizing()})")
 
 
