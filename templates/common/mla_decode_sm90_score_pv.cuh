@@ -16,8 +16,8 @@
 //                                  KV as in tile_pairs, warp 15 checks the inputs)
 // setmaxnreg: producer 24, scorer 136, PV 176 (4 x 128 at the 512-thread launch bound). ptxas
 // (CUDA 13.0, -Xptxas -v, 64 and 128 rows at page 64): 128 registers, 20 B spill stores / 20 B
-// loads, no C75xx note. Before the early QK chunk it was 52 / 48 B, which SASS (nvdisasm) placed
-// outside the three per-tile loops; the 20 B have not been placed. Scorer 120 (producer 40)
+// loads, no C75xx note; SASS puts the 20 B in the producer warp's code (24 registers), none in
+// the scorer's or the PV warpgroups' loops. Scorer 120 (producer 40)
 // spills nothing but serialises the wgmmas (C7512); PV 168 or 184 (scorer <= 120) C7512 too.
 #pragma once
 #include "mla_decode_sm90_tile_pairs.cuh"
@@ -131,12 +131,15 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
                                            int num_tiles, float scale_log2, int wpar, uint32_t wuse, int group,
                                            int lane) {
   constexpr int kS = C::kStages;
-  // The wait for tile t + 1's stage comes after P(t - 1) is published, so that stage's refill
-  // depends only on PV warpgroup reads whose P is already out. Only the 4-stage ring has run.
+  // P(t) is published as soon as it is written, so PV(t) runs under QK(t + 1)'s last chunk and
+  // softmax(t + 1). Tile t + 1's stage is refilled once PV(t - 3) has read its V, and P(t - 3)
+  // went out three iterations before the wait for it. Only the 4-stage ring has run.
   const int r0 = group * 16 + (lane >> 2);
   const int tid = threadIdx.x - kPvThreads;
-  // QK(t + 1)'s first chunk is issued before softmax(t), so the tensor cores run it while this
-  // warpgroup computes the exponentials; its other chunks follow the softmax. A work's last tile
+  // QK(t + 1)'s chunks 0 and 1 are issued before softmax(t), so the tensor cores run them under
+  // the row maxima; once the rows' factors are out, chunk 1 is added and chunk 2 issued into its
+  // accumulator, to run under the exponentials (three promoted chunks, two accumulators live: what
+  // the scorer's 136 registers hold). A work's last tile
   // issues a dummy QK (discarded) on its own stage, both operands from the stage, so that every
   // iteration has the same wgmma groups (a wgmma issued under a branch serialises them all);
   // Q is released at once, that stage after the dummy is waited.
@@ -149,7 +152,6 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
     const int slot = seq & 1;
     const int tok = tok_start + t * C::BN;
     const bool last = t + 1 == num_tiles;
-    if (t > 0) nb_arrive(kBarPFull + (slot ^ 1));                // P(t - 1): its PV runs under this softmax
     if (last) {
       wg::mbar_arrive(q_empty);                                  // the work's last read of Q
       if (tok_end - tok < C::BN) zero_v_tail<C>(smem, su.stage, tok_end - tok, tid);
@@ -160,8 +162,9 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
     AITER_MLA_STAMP(kKvWait);
     const uint32_t k_next = smem_addr(smem + C::kOffKv + (last ? su.stage : su1.stage) * C::kStageBytes);
     const uint32_t q_next = last ? k_next : q_addr;
-    float sn[C::kSTiles][4];
+    float sn[C::kSTiles][4], acc0[C::kSTiles][4];
     tile_pairs::qk_chunk<C, 0>(sn, q_next, k_next);
+    tile_pairs::qk_chunk<C, 1>(acc0, q_next, k_next);
     AITER_MLA_STAMP(kQk);
     float mx[2];
     const float sc = masked_quad_max<C>(s, st, tok + (lane & 3) * 2, tok + C::BN, scale_log2, mx);
@@ -182,6 +185,11 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
       fac[r0 + 8] = f[1];
     }
     nb_arrive(kBarF + slot);                                     // O^T may be rescaled
+    wg::wgmma_wait<0>();   // QK(t + 1)'s chunks 0-1
+    wg::fence_operands(sn);
+    wg::qk_add<C>(sn, acc0);
+    tile_pairs::qk_chunk<C, 2>(acc0, q_next, k_next);
+    AITER_MLA_STAMP(kQk);   // the wait for chunks 0-1 and chunk 2's issue
 #pragma unroll
     for (int j = 0; j < C::kSTiles; ++j)
 #pragma unroll
@@ -202,16 +210,12 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
 #pragma unroll
     for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * f[h] + sum[h];
     wg::fence_proxy_async();   // P -> the PV wgmmas' B operand
+    nb_arrive(kBarPFull + slot);                                 // P(t): its PV runs under QK(t + 1)'s tail
     AITER_MLA_STAMP(kSoftmax);
-    {   // QK(t + 1)'s other chunks (S in sn, two accumulators), waited
-      float acc0[C::kSTiles][4], acc1[C::kSTiles][4];
-      tile_pairs::qk_chunk<C, 1>(acc0, q_next, k_next);
-      tile_pairs::qk_chunk<C, 2>(acc1, q_next, k_next);
-      wg::wgmma_wait<1>();
+    {   // QK(t + 1)'s chunk 2, waited and added
+      wg::wgmma_wait<0>();
       wg::fence_operands(sn);
       wg::qk_add<C>(sn, acc0);
-      wg::wgmma_wait<0>();
-      wg::qk_add<C>(sn, acc1);
       wg::fence_operands(sn);
     }
     AITER_MLA_STAMP(kQk);
@@ -221,7 +225,6 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] = sn[j][e];
   }
-  if (num_tiles > 0) nb_arrive(kBarPFull + ((seq - 1) & 1));     // the work's last P
   // the rows' l and m for the PV warpgroups' epilogue
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
