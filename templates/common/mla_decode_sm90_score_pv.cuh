@@ -138,11 +138,11 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
   const int tid = threadIdx.x - kPvThreads;
   // QK(t + 1)'s chunks 0 and 1 are issued before softmax(t), so the tensor cores run them under
   // the row maxima; once the rows' factors are out, chunk 1 is added and chunk 2 issued into its
-  // accumulator, to run under the exponentials (three promoted chunks, two accumulators live: what
-  // the scorer's 136 registers hold). A work's last tile
-  // issues a dummy QK (discarded) on its own stage, both operands from the stage, so that every
-  // iteration has the same wgmma groups (a wgmma issued under a branch serialises them all);
-  // Q is released at once, that stage after the dummy is waited.
+  // accumulator, to run under the exponentials (S(t) and two QK accumulators live through the
+  // softmax: three 32-float arrays at the peak, as before, what the scorer's 136 registers hold).
+  // A work's last tile issues a dummy QK (discarded) on its own stage, both operands from the
+  // stage, so that every iteration has the same wgmma groups (a wgmma issued under a branch
+  // serialises them all); Q is released at once, that stage after the dummy is waited.
   const uint32_t q_addr = smem_addr(smem + C::kOffQ);
   float s[C::kSTiles][4];
   if (num_tiles > 0) qk_tile3<C>(s, smem, bar_full, tile_pairs::StageUse{static_cast<int>(seq % kS), (seq / kS) & 1});
