@@ -22,6 +22,7 @@ import pytest
 
 from aiter_mla.jit import core
 from aiter_mla.jit.cache import Cache, CacheError, CacheNotWritableError, LockTimeoutError
+from aiter_mla.jit.config import ParamError
 from aiter_mla.jit.toolchain import BuildError
 from conftest import deny_write_access, run_read_only
 
@@ -76,6 +77,16 @@ def test_build_load_and_warm_memo_touches_no_file(fake_jit, monkeypatch):
         recording[0] = False
         monkeypatch.undo()
     assert events == []
+
+
+@pytest.mark.parametrize("bad", [1.0, True])
+def test_warm_memo_refuses_what_a_cold_call_refuses(fake_jit, bad):
+    """n=1.0 and n=True equal n=1 as dict keys: a loaded n=1 must not make them pass."""
+    with pytest.raises(ParamError, match="n"):
+        core.get_module("fake", arch="sm_90a", n=bad, flavor="a")
+    core.get_module("fake", **P)
+    with pytest.raises(ParamError, match="n"):
+        core.get_module("fake", arch="sm_90a", n=bad, flavor="a")
 
 
 def test_in_process_lookup_within_5_microseconds(fake_jit):

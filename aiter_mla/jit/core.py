@@ -659,7 +659,7 @@ def get_module(name: str, **params: Any) -> Module:
     :mod:`aiter_mla.env` (``AITER_MLA_EXTRA_NVCC_FLAGS`` with an unbalanced quote, say).
     """
     try:
-        return _memo[(name, tuple(sorted(params.items())))]
+        return _memo[_memo_key(name, params)]
     except KeyError:
         pass
     except TypeError:
@@ -667,6 +667,12 @@ def get_module(name: str, **params: Any) -> Module:
         raise TypeError(f"get_module({name!r}): parameter values must be str, int or bool; "
                         f"got {bad}") from None
     return _load(name, params)
+
+
+def _memo_key(name: str, params: dict) -> tuple:
+    """The in-process memo's key. Each value's type is part of it: 64.0 == 64 and True == 1
+    in Python, and a memo hit must not accept what the first call's checks refuse."""
+    return (name, tuple(sorted((k, type(v), v) for k, v in params.items())))
 
 
 def _hashable(v: Any) -> bool:
@@ -678,7 +684,7 @@ def _hashable(v: Any) -> bool:
 
 
 def _load(name: str, params: dict) -> Module:
-    memo_key = (name, tuple(sorted(params.items())))
+    memo_key = _memo_key(name, params)
     with _variant_lock(memo_key):
         mod = _memo.get(memo_key)
         if mod is not None:
