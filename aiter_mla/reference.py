@@ -27,7 +27,7 @@ import torch
 
 from . import work_info
 from .arch import QK_HEAD_DIM, V_HEAD_DIM
-from .scalars import require_real
+from .scalars import require_bool, require_real
 
 __all__ = ["mla_decode_ref", "reduce_ref", "split_reference", "relative_l2"]
 
@@ -214,8 +214,8 @@ def mla_decode_ref(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_
         q_scale, kv_scale: per-tensor dequant scales (None = 1; a real number or 1-element tensor,
             finite and > 0): real value = stored x scale (AITER's kernel ignores them; we
             honour them).
-        fp8_p: round the unnormalised exp(s - max) to fp8 e4m3 before P.V, as AITER's kernel
-            and its fp8 reference do (sets the fp8 tolerance).
+        fp8_p: a bool (Python or NumPy): round the unnormalised exp(s - max) to fp8 e4m3
+            before P.V, as AITER's kernel and its fp8 reference do (sets the fp8 tolerance).
 
     Returns:
         (out float64 [total_q, H, 512], lse float64 [total_q, H]) on q's device; lse is the
@@ -225,12 +225,14 @@ def mla_decode_ref(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_
 
     Raises:
         ValueError / TypeError naming the argument for bad shapes, dtypes or index values, a
-        ``sm_scale`` that is not a finite number, or a scale that is not a finite number > 0.
+        ``sm_scale`` that is not a finite number, or a scale that is not a finite number > 0;
+        TypeError for an ``fp8_p`` that is not a bool (``'no'`` is not read as truthy).
 
     Source: AITER ``op_tests/test_mla_persistent.py`` ``torch_mla_extend`` /
     ``ref_masked_attention`` (mask ``tril(diagonal=s_k - s_q)``, fp8 P), with real scales.
     """
     require_real("sm_scale", sm_scale, example="1/sqrt(576)")
+    fp8_p = require_bool("fp8_p", fp8_p)
     pb = _Problem(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
                   q_scale, kv_scale)
     H = pb.num_heads
@@ -389,12 +391,13 @@ def split_reference(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page
         the schedule missed.
 
     Raises ValueError naming the argument for an inconsistent record, and the errors of
-    :func:`mla_decode_ref` (``sm_scale`` included) and :func:`reduce_ref`; TypeError for a
-    schedule argument that is not an int32 / int64 tensor.
+    :func:`mla_decode_ref` (``sm_scale`` and ``fp8_p`` included) and :func:`reduce_ref`;
+    TypeError for a schedule argument that is not an int32 / int64 tensor.
 
     Source: AITER ``op_tests/test_mla_persistent.py`` ``torch_mla_split_kv_and_reduce``.
     """
     require_real("sm_scale", sm_scale, example="1/sqrt(576)")
+    fp8_p = require_bool("fp8_p", fp8_p)
     pb = _Problem(q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
                   q_scale, kv_scale)
     P, H = pb.page_size, pb.num_heads

@@ -25,6 +25,18 @@ def require_int(name: str, value) -> int:
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})") from None
 
 
+def require_bool(name: str, value) -> bool:
+    """``value`` as a bool: a Python or NumPy bool. Anything else (an int, a string such as
+    ``'no'``, None) raises TypeError ``"{name} must be a bool, got {type} {value!r}"``: read
+    as truthy, ``'no'`` would switch the flag on."""
+    if type(value) is bool:   # the common case (per-call paths)
+        return value
+    t = type(value)
+    if t.__module__ == "numpy" and t.__name__ in ("bool", "bool_"):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {t.__name__} {value!r}")
+
+
 def require_real(name: str, value, *, example: str = "", float32: bool = False) -> float:
     """``value`` as a float: a real number (Python or NumPy; not a bool, a string or a tensor)
     that is finite, and with ``float32`` also finite once stored as a C float (the kernels'

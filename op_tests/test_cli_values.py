@@ -117,6 +117,38 @@ def test_main_restores_the_callers_sigterm_handler(tmp_path, capsys):
     capsys.readouterr()
 
 
+@pytest.mark.parametrize("argv", [["bench"], ["metadata", "--batch", "8", "--ctx", "1-5000"]],
+                         ids=["bench", "metadata"])
+@pytest.mark.parametrize("seed", [str(2**63), str(2**64), "-1", str(2**32)])
+def test_seed_out_of_range_is_a_usage_error(argv, seed, capsys):
+    """bench --seed 2**63 (or -1 past a sweep's checks) failed deep inside torch's
+    Generator.manual_seed ("Overflow when unpacking long long"): both commands take 0..2**32 - 1
+    (the bench's derived generator seeds, seed * 1_000_003 + chunk, then fit), refused by
+    argparse otherwise, exit 2 naming --seed and the range."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*argv, "--seed", seed])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --seed: expected an integer in 0..4294967295 (2**32 - 1), got {seed}" in err, err
+
+
+def test_the_largest_seed_is_taken_and_fits_the_generators(monkeypatch, capsys):
+    from aiter_mla.bench import commands as bench_commands
+    from aiter_mla.bench.inputs import make_kv_pool
+
+    top = str(2**32 - 1)
+    assert cli.main(["metadata", "--batch", "8", "--ctx", "1-5000", "--seed", top, "--json"]) == 0
+    sweeps = []
+    monkeypatch.setattr(bench_commands, "no_gpu_reason", lambda: None)
+    monkeypatch.setattr(bench_commands, "bench", lambda args: sweeps.append(args) or 0)
+    monkeypatch.setenv("AITER_MLA_DISABLE_JIT", "1")
+    assert cli.main(["bench", "--seed", top, "-b", "1", "-c", "64"]) == 0
+    assert sweeps[0].seed == 2**32 - 1
+    pool, _ = make_kv_pool(3, "bf16", "cpu", 2**32 - 1, chunk_tokens=1)   # three generators
+    assert pool.shape == (3, 576)
+    capsys.readouterr()
+
+
 def test_metadata_seed_only_with_a_random_ctx(capsys):
     """``metadata --ctx 10 --seed 5`` took the seed and ignored it (it only seeds --ctx LO-HI:
     fresh-user report): a usage error naming both flags; with LO-HI it picks the lengths."""

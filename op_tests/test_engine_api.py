@@ -46,6 +46,84 @@ def test_planner_names_a_bad_argument(kwargs, exc, text):
         aiter_mla.MlaDecodePlanner(args.pop("max_batch_size"), args.pop("num_heads"), **args)
 
 
+@pytest.mark.parametrize("kwargs,text", [
+    # past the scheduler's int32 bounds: refused before any allocation (they were allocated, or
+    # on a CPU machine refused only as "needs a CUDA device")
+    ({"max_batch_size": 2**31}, r"max_batch_size must be <= 2147483647 \(int32 work indices\), got 2147483648"),
+    ({"max_num_pages": 2**31}, (r"max_num_pages must be <= 2147483647 \(int32 page offsets in kv_indptr\), "
+                                r"got 2147483648")),
+])
+def test_planner_refuses_sizes_past_the_schedulers_bounds(kwargs, text):
+    args = {"max_batch_size": 4, "num_heads": 128, "sm_scale": 0.1, "max_num_pages": 16} | kwargs
+    with pytest.raises(ValueError, match="^MlaDecodePlanner: " + text):
+        aiter_mla.MlaDecodePlanner(args.pop("max_batch_size"), args.pop("num_heads"), **args)
+
+
+@pytest.fixture
+def one_fake_gpu(monkeypatch):
+    """torch sees one CUDA device (cuda:0) and no tensor can be made on it: a planner that
+    allocated before its checks fails inside torch instead of naming the argument."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("CU_NUM", "132")
+
+    def no_allocation(*args, **kwargs):
+        raise AssertionError("allocated before the checks")
+
+    for name in ("zeros", "ones", "empty"):
+        monkeypatch.setattr(torch, name, no_allocation)
+
+
+@pytest.mark.parametrize("device,exc,text", [
+    ("cuda:3", ValueError, r"device must be a visible CUDA device \(0\.\.0\), got 'cuda:3'"),
+    (torch.device("cuda", 1), ValueError, (r"device must be a visible CUDA device \(0\.\.0\), got "
+                                           r"device\(type='cuda', index=1\)")),
+])
+def test_planner_names_a_device_that_is_not_visible(one_fake_gpu, device, exc, text):
+    with pytest.raises(exc, match="^MlaDecodePlanner: " + text):
+        aiter_mla.MlaDecodePlanner(4, 128, sm_scale=0.1, max_num_pages=16, device=device)
+
+
+def test_planner_bound_with_the_work_list_count(one_fake_gpu):
+    """B + C - 1 works must fit int32: with CU_NUM=132, (128, 1) has C = 66 work lists."""
+    with pytest.raises(ValueError, match=r"^MlaDecodePlanner: max_batch_size must be <= 2147483582 "
+                                         r"\(int32 work indices with 66 work lists\), got 2147483647"):
+        aiter_mla.MlaDecodePlanner(2**31 - 1, 128, sm_scale=0.1, max_num_pages=16, device="cuda:0")
+
+
+@gpu
+def test_planner_names_the_first_device_past_the_visible_ones():
+    n = torch.cuda.device_count()
+    with pytest.raises(ValueError, match=rf"^MlaDecodePlanner: device must be a visible CUDA device "
+                                         rf"\(0\.\.{n - 1}\), got 'cuda:{n}'"):
+        aiter_mla.MlaDecodePlanner(4, 128, sm_scale=0.1, max_num_pages=16, device=f"cuda:{n}")
+
+
+@pytest.mark.parametrize("bad", ["no", 1, None])
+def test_planner_run_return_lse_must_be_a_bool(bad):
+    """run(return_lse='no') returned an LSE (read as truthy; a fresh-user trial). Checked
+    first, so a planner made without a device (not its constructor) reaches it."""
+    planner = aiter_mla.MlaDecodePlanner.__new__(aiter_mla.MlaDecodePlanner)
+    planner.batch_size = None
+    with pytest.raises(TypeError, match=f"^MlaDecodePlanner.run: return_lse must be a bool, got "
+                                        f"{type(bad).__name__} {bad!r}$"):
+        planner.run(None, None, return_lse=bad)
+
+
+def test_planner_layout_documents_and_raises_its_errors():
+    """layout's docstring listed no errors though it raises them (a fresh-user trial)."""
+    doc = aiter_mla.MlaDecodePlanner.layout.__doc__
+    assert "Raises TypeError" in doc and "ValueError" in doc and "batch_size" in doc.split("Raises")[1]
+    planner = aiter_mla.MlaDecodePlanner.__new__(aiter_mla.MlaDecodePlanner)
+    planner.max_batch_size = 4
+    with pytest.raises(TypeError, match="batch_size must be an int, got 1.5"):
+        planner.layout(1.5)
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
+        planner.layout(0)
+    with pytest.raises(ValueError, match="batch_size must be <= max_batch_size=4, got 5"):
+        planner.layout(5)
+
+
 def _append_args(tokens=3, dtype=torch.bfloat16, device="cpu"):
     return dict(kv_c=torch.zeros(tokens, 512, dtype=torch.bfloat16, device=device),
                 k_pe=torch.zeros(tokens, 64, dtype=torch.bfloat16, device=device),

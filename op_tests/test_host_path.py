@@ -94,7 +94,7 @@ def _warm_decode_entry(t, log, given: bool, return_lse: bool):
                    (id(t["reduce_indptr"]), t["reduce_indptr"].data_ptr(),
                     id(t["reduce_final_map"]), t["reduce_final_map"].data_ptr(),
                     id(t["reduce_partial_map"]), t["reduce_partial_map"].data_ptr(),
-                    1, 64, 1, None, 0.0, return_lse))
+                    1, 64, 1, None, 0.0, return_lse, type(return_lse), bool, bool))
     dec._prepared.put(key, p, [v for k, v in t.items() if k not in ("q", "o")])
     return p
 
@@ -143,6 +143,29 @@ def test_warm_decode_call_does_a_fixed_small_amount_of_host_work(no_gpu_stream, 
     assert py == ["mla_decode_fwd", "is_compiling", "is_scripting", "_key", "<lambda>", "fn"], py
     assert not FORBIDDEN_C & set(c), sorted(FORBIDDEN_C & set(c))
     assert c.count("empty") == (0 if given else 2), c
+
+
+@pytest.mark.parametrize("flag,bad", [("return_lse", 1), ("return_lse", "yes"),
+                                      ("intra_batch_mode", 0), ("return_logits", "no")])
+def test_warm_decode_call_does_not_take_a_non_bool_flag(no_gpu_stream, flag, bad):
+    """A warm entry stored for return_lse=True served return_lse=1 too (1 == True and
+    hash(1) == hash(True)), past the check that refuses it: the key holds the flags' types, so
+    the call goes the checked way and is refused, naming the flag."""
+    t = _case()
+    log = []
+    _warm_decode_entry(t, log, True, return_lse=True)
+    extra = {"logits": t["logits"], "attn_lse": t["attn_lse"]}
+    flags = {"return_lse": True, flag: bad}
+    with pytest.raises(TypeError, match=f"{flag} must be a bool, got {type(bad).__name__}"):
+        dec.mla_decode_fwd(
+            t["q"], t["kv_buffer"], t["o"], t["qo_indptr"], t["kv_indptr"], t["kv_indices"],
+            t["kv_last_page_lens"], 1, page_size=64, work_meta_data=t["work_meta_data"],
+            work_indptr=t["work_indptr"], work_info_set=t["work_info_set"],
+            reduce_indptr=t["reduce_indptr"], reduce_final_map=t["reduce_final_map"],
+            reduce_partial_map=t["reduce_partial_map"], **flags, **extra)
+    assert log == []   # nothing launched
+    _call_decode(t, True, True)   # the same call with bools: warm
+    assert [name for name, _ in log] == ["decode"]
 
 
 def test_split_merge_follows_the_hint_per_stream(no_gpu_stream, monkeypatch):

@@ -180,6 +180,16 @@ BAD_LISTS = [
     ("--param arch=sm_90a\n", ":1: expected a MODULE name first, got '--param'"),
     ("fake arch=sm_90a n=1 flavor=a --param\n", ":1: --param ends the line"),
     ("fake(arch=sm_90a, n=1)\n", ":1: module 'fake': missing parameter(s) flavor"),
+    # plain `jit list`'s lines that name no variant (its header was "unknown JIT module 'cache'")
+    ("cache root: /x/cache\n", (":1: not a variant line: the header line of 'aiter-mla jit list' is not "
+                                 "accepted (its header, module and parameter lines name no variant); give "
+                                 "one variant a line, MODULE K=V ..., as 'aiter-mla jit list --variants' "
+                                 "prints them; got 'cache root: /x/cache'")),
+    ("fake arch=sm_90a n=1 flavor=a\n\nfake  (fake.cu.j2, experimental)\n",
+     ":3: not a variant line: a module line of 'aiter-mla jit list'"),
+    ("  arch: sm_90a, gfx942\n", ":1: not a variant line: a parameter line of 'aiter-mla jit list'"),
+    ("fake arch=sm_90a n=1 flavor=a\n\n1 damaged entry whose meta.json is unreadable\n",
+     ":3: not a variant line: the damaged-entries line of 'aiter-mla jit list'"),
     ("# only comments\n\n", " names no variant (one a line: MODULE K=V"),
     (b"fake arch=sm_90a n=1 flavor=\xff\n", ": not UTF-8 text (invalid start byte at byte 28)"),
 ]
@@ -241,6 +251,32 @@ def test_blank_cache_dir_is_refused_and_an_unwritable_one_is_named_as_the_flag(f
     assert f"JIT cache root {blocker / 'cache'} is not writable" in str(ei.value)
     assert "--cache-dir points at it): set --cache-dir to a writable folder" in str(ei.value)
     assert core._get_state().cache.root == fake_jit.root   # restored after the failed build
+
+
+def test_plain_list_output_is_refused_by_from_file_saying_what_to_use(fake_jit, tmp_path, capsys):
+    """`jit list > FILE; jit build --from-file FILE` said "FILE:1: unknown JIT module 'cache'"
+    (a fresh-user trial): the header is named as `jit list`'s, with --variants to use instead;
+    nothing is skipped silently (every line but the [status] variant lines is refused)."""
+    assert cli.main(["jit", "list"]) == 0
+    text = capsys.readouterr().out
+    lst = tmp_path / "listed.txt"
+    lst.write_text(text)
+    assert cli.main(["jit", "build", "--from-file", str(lst)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"aiter-mla jit: error: {lst}:1: not a variant line: the header line of "
+                          f"'aiter-mla jit list' is not accepted") and err.count("\n") == 1, err
+    assert "'aiter-mla jit list --variants' prints them" in err
+    # without the header, the next line that names no variant is refused too
+    lines = text.splitlines()
+    for n, line in enumerate(lines[1:], 2):
+        if line.strip() and not line.lstrip().startswith("["):
+            lst.write_text("\n".join(lines[1:]) + "\n")
+            assert cli.main(["jit", "build", "--from-file", str(lst)]) == 2
+            assert f"{lst}:{n - 1}: not a variant line" in capsys.readouterr().err
+            break
+    else:
+        pytest.fail(f"no module line in {text!r}")
+    assert fake_jit.started() == 0
 
 
 def test_list_variants_round_trips_through_from_file(fake_jit, tmp_path, capsys):

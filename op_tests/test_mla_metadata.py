@@ -405,6 +405,30 @@ def test_bounds_are_tight():
     assert md.max_works(0, 1) == 0 and md.max_partial_entries(5, 1) == 0
 
 
+@pytest.mark.parametrize("fn", [md.max_works, md.max_partial_entries])
+@pytest.mark.parametrize("args,exc,text", [
+    ((-4, 66), ValueError, "batch_size must be >= 0, got -4"),       # max_works said 61
+    ((4, 0), ValueError, "num_clusters must be >= 1, got 0"),        # max_works said 3
+    ((4, -1), ValueError, "num_clusters must be >= 1, got -1"),      # max_partial_entries said 0
+    ((4.5, 66), TypeError, "batch_size must be an int, got float 4.5"),   # max_works said 69.5
+    ((True, 66), TypeError, "batch_size must be an int, got bool True"),
+    ((4, "66"), TypeError, "num_clusters must be an int, got str '66'"),
+])
+def test_bounds_check_their_arguments(fn, args, exc, text):
+    """A fresh-user trial: the bounds took any number and returned nonsense for it."""
+    with pytest.raises(exc, match=text):
+        fn(*args)
+    import numpy as np
+
+    assert fn(np.int64(4), 66) == fn(4, 66)   # NumPy ints pass, as check_int's ints do
+
+
+def test_lookup_plan_names_a_non_tensor():
+    """lookup_plan(None) failed with an AttributeError from inside (a fresh-user trial)."""
+    with pytest.raises(TypeError, match="work_info_set must be a torch.Tensor, got NoneType"):
+        md.lookup_plan(None)
+
+
 def test_bounds_exhaustive_small():
     """Every small configuration (incl. zero lengths, page 1 tail rule, max qlen 8) stays
     inside the info function's bounds."""

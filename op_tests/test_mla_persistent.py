@@ -1394,6 +1394,26 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
         aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, wis, 1, float("inf"), split_o, split_l, o)
 
 
+@pytest.mark.parametrize("flag", ["return_lse", "return_logits", "intra_batch_mode"])
+@pytest.mark.parametrize("bad", ["no", 1, None])
+def test_flags_must_be_bools(monkeypatch, flag, bad):
+    """return_lse='no' was read as truthy and returned an LSE (a fresh-user trial): every flag
+    of mla_decode_fwd is a bool (Python or NumPy), named with the value otherwise; CPU tensors
+    reach the check (it needs no device)."""
+    monkeypatch.setenv("CU_NUM", "132")
+    q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(4, 16, 1, 576, dtype=torch.bfloat16)
+    o = torch.empty(2, 16, 512, dtype=torch.bfloat16)
+    qo, kvi = torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([0, 2, 4], dtype=torch.int32)
+    idx, last = torch.arange(4, dtype=torch.int32), torch.tensor([16, 16], dtype=torch.int32)
+    with pytest.raises(TypeError, match=f"^{flag} must be a bool, got {type(bad).__name__} {bad!r}$"):
+        aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last, 1, page_size=16, **{flag: bad})
+    import numpy as np
+
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):   # past the flags
+        aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last, 1, page_size=16, **{flag: np.False_})
+
+
 @gpu
 @needs_gpu
 def test_per_call_path_does_each_thing_once(warm, monkeypatch):

@@ -502,6 +502,22 @@ def test_bad_dequant_scale_is_a_clear_error(name, bad, exc, match):
         ref.mla_decode_ref(**p, sm_scale=0.1, **{name: bad})
 
 
+@pytest.mark.parametrize("bad", ["no", 1, 0, None, torch.tensor(True)])
+def test_fp8_p_must_be_a_bool(bad):
+    """fp8_p='no' read as truthy rounded P to fp8 (a fresh-user trial): TypeError naming it."""
+    import numpy as np
+
+    p = make_problem([1], [9], H=2, page_size=4, seed=5)
+    with pytest.raises(TypeError, match=f"fp8_p must be a bool, got {type(bad).__name__}"):
+        ref.mla_decode_ref(**p, sm_scale=0.1, fp8_p=bad)
+    sched = make_schedule(p, 2)
+    with pytest.raises(TypeError, match="fp8_p must be a bool"):
+        ref.split_reference(**p, **sched, sm_scale=0.1, fp8_p=bad)
+    o, lse = ref.mla_decode_ref(**p, sm_scale=0.1, fp8_p=np.True_)   # NumPy bools pass
+    o8, lse8 = ref.mla_decode_ref(**p, sm_scale=0.1, fp8_p=True)
+    assert torch.equal(o, o8) and torch.equal(lse, lse8)
+
+
 @pytest.mark.parametrize("bad,exc", [(None, TypeError), (float("nan"), ValueError),
                                      (float("inf"), ValueError), ("0.1", TypeError)])
 def test_bad_sm_scale_is_a_clear_error(bad, exc):

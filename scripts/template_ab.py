@@ -272,7 +272,7 @@ def round_orders(n_arms: int, rounds: int) -> list[list[int]]:
     return [[(r + i) % n_arms for i in range(n_arms)] for r in range(rounds)]
 
 
-from aiter_mla.bench.commands import positive_int  # noqa: E402  (the bench's own argument type)
+from aiter_mla.bench.commands import SEED_MAX, positive_int, seed_value  # noqa: E402  (the bench's own argument types)
 
 
 def add_case_arguments(p: argparse.ArgumentParser) -> None:
@@ -280,7 +280,8 @@ def add_case_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--case", action="append", required=True, metavar="CASE",
                    help="'DTYPE HEADS,QLEN bBATCH cCTX [pPAGE] [sSPLITS] [varlen]', e.g. 'fp8 128,1 b64 c3200' "
                         "(repeatable)")
-    p.add_argument("--seed", type=int, default=0, help="input seed, as aiter-mla bench --seed (default 0)")
+    p.add_argument("--seed", type=seed_value, default=0,
+                   help=f"input seed, 0..{SEED_MAX}, as aiter-mla bench --seed (default 0)")
     p.add_argument("--commit", default=None,
                    help="commit to record as measured (default: git rev-parse HEAD of this checkout, "
                         "+ -dirty), as aiter-mla bench --commit")

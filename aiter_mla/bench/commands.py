@@ -51,6 +51,25 @@ def positive_int(text: str) -> int:
     return v
 
 
+#: The largest --seed (bench, metadata, scripts/template_ab.py). The bench seeds torch
+#: generators with ``seed * 1_000_003 + chunk`` (:func:`aiter_mla.bench.inputs.make_kv_pool`),
+#: which must stay inside what ``torch.Generator.manual_seed`` takes (-2**63 .. 2**64 - 1;
+#: "Overflow when unpacking long long" past it): from 0 .. 2**32 - 1 it does, with room to spare.
+SEED_MAX = 2**32 - 1
+
+
+def seed_value(text: str) -> int:
+    """argparse type: an input seed in 0..SEED_MAX (``--seed`` of bench and metadata)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in 0..{SEED_MAX} (2**32 - 1), "
+                                         f"got {text!r}") from None
+    if not 0 <= v <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer in 0..{SEED_MAX} (2**32 - 1), got {v}")
+    return v
+
+
 def _page_size(text: str) -> int:
     v = positive_int(text)
     if v > 256 or v & (v - 1):
@@ -97,7 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip cold-build / warm-load / dispatch figures")
     p.add_argument("--no-check", action="store_true",
                    help="skip the float64 reference spot check per row")
-    p.add_argument("--seed", type=int, default=0, help="input seed (default: 0)")
+    p.add_argument("--seed", type=seed_value, default=0, help=f"input seed, 0..{SEED_MAX} (default: 0)")
     p.add_argument("--commit", default=None,
                    help="commit to record as measured (default: git rev-parse HEAD of this "
                         "checkout, + -dirty; for copies of the tree without .git)")

@@ -189,6 +189,28 @@ _LISTED = re.compile(r"(\[[^\]]*\]\s+\S+\s+)?([a-z][a-z0-9_]*)\(([^()]*)\)"
                      r"(?(1)(?:\s+[0-9a-f]{12,64})?(?:\s+\(.*\))?|\s+[0-9a-f]{12,64}\b.*)")
 
 
+#: The lines of plain `jit list` that name no variant (cmd_list prints them): its header, a
+#: module's "NAME  (TEMPLATE, ...)" line, a "  PARAM: v, ..." line, the damaged-entries line.
+_LIST_NOT_VARIANTS = (
+    ("the header line", re.compile(r"cache root: .*")),
+    ("a module line", re.compile(r"[a-z][a-z0-9_]*  \(.*\)")),
+    ("a parameter line", re.compile(r"\s+[a-z][a-z0-9_]*: .*")),
+    ("the damaged-entries line", re.compile(r"\d+ damaged entr.*")),
+)
+
+
+def _not_a_variant_line(line: str) -> str | None:
+    """Why ``line`` of a list file is one of plain `jit list`'s lines that name no variant (a
+    file saved from `jit list` rather than `jit list --variants`), else None."""
+    for what, pattern in _LIST_NOT_VARIANTS:
+        if pattern.fullmatch(line.rstrip()):
+            return (f"not a variant line: {what} of 'aiter-mla jit list' is not accepted (its "
+                    f"header, module and parameter lines name no variant); give one variant a "
+                    f"line, MODULE K=V ..., as 'aiter-mla jit list --variants' prints them; got "
+                    f"{line.strip()!r}")
+    return None
+
+
 def variant_line(name: str, params: dict) -> str:
     """A variant as one line of a ``--from-file`` list: ``MODULE K=V ...``, sorted by name."""
     return name + "".join(f" {k}={core._text(params[k])}" for k in sorted(params))
@@ -234,7 +256,9 @@ def read_variants_file(path: str, cfg) -> list[tuple[str, dict]]:
 
     Raises :class:`VariantsFileError` (one line): the file cannot be read or is not UTF-8, it
     names no variant, or a line has an unknown module or parameter, a missing or disallowed
-    value, or unbalanced quotes (``FILE:LINE: why``). A leading UTF-8 byte-order mark is skipped."""
+    value, or unbalanced quotes (``FILE:LINE: why``); a line of plain ``jit list``'s that names
+    no variant (its ``cache root:`` header, module and parameter lines) is refused as not a
+    variant line, not skipped. A leading UTF-8 byte-order mark is skipped."""
     try:
         text = Path(path).read_text(encoding="utf-8-sig")   # a leading BOM (Windows editors) dropped
     except OSError as exc:
@@ -247,7 +271,7 @@ def read_variants_file(path: str, cfg) -> list[tuple[str, dict]]:
         try:
             variant = _parse_variant_line(line, cfg)
         except (ParamError, UnknownModuleError, ValueError) as exc:
-            raise VariantsFileError(f"{path}:{n}: {exc}") from None
+            raise VariantsFileError(f"{path}:{n}: {_not_a_variant_line(line) or exc}") from None
         if variant is None:
             continue
         ident = (variant[0], tuple(variant[1].items()))

@@ -48,7 +48,7 @@ import torch
 
 from .. import arch
 from ..arch import QK_HEAD_DIM, V_HEAD_DIM
-from ..scalars import require_int, require_real
+from ..scalars import require_bool, require_int, require_real
 from ..work_info import KERNEL_DTYPES, WORK_INFO_INTS, kernel_dtype_name
 from . import errors, launch, metadata, reduce
 from .launch import raw_stream
@@ -763,10 +763,11 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
         sm_scale: a finite float, default 1/sqrt(576). logit_cap: must be <= 0 (unsupported,
             as AITER).
         num_kv_splits, num_kv_splits_indptr, intra_batch_mode: accepted for AITER compatibility
-            and unused (as in AITER #3072's persistent path).
+            and unused (as in AITER #3072's persistent path); intra_batch_mode must be a bool.
         q_scale, kv_scale: optional [1] fp32 per-tensor scales (honoured).
-        return_logits: kept for AITER compatibility (logits are always returned).
-        return_lse: also return final_lse [total_q, H] fp32 (natural log; +inf for no key).
+        return_logits: a bool, kept for AITER compatibility (logits are always returned).
+        return_lse: a bool (Python or NumPy): also return final_lse [total_q, H] fp32 (natural
+            log; +inf for no key).
         logits, attn_lse (keyword only, not in AITER): the split buffers, [N, 1, H, 512] and
             [N, 1, H, 1] fp32 with N = reduce_partial_map.shape[0] * max_seqlen_q, given together
             and reused call after call. AITER's signature returns freshly allocated ones: two
@@ -783,7 +784,9 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     Host time, warm (the same plan and long-lived tensors as an earlier call): no checks re-run,
     no device synchronisation; bad index values are the kernel's to find (module docstring).
 
-    Raises ValueError / TypeError naming the argument, NotImplementedError for unsupported
+    Raises ValueError / TypeError naming the argument (TypeError for an ``intra_batch_mode``,
+    ``return_logits`` or ``return_lse`` that is not a bool: ``'no'`` is not read as truthy),
+    NotImplementedError for unsupported
     shapes or dtypes (listing what is supported), :class:`aiter_mla.ops.errors.DeviceIndexError`
     (a ValueError) for a bad index value an earlier call's kernel found on this device (raised
     before this call launches anything), RuntimeError when a launch (metadata, decode
@@ -798,7 +801,9 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     docs/DESIGN.md §8.5).
     """
     if work_meta_data is not None and not torch.compiler.is_compiling():
-        # Warm path: a caller-made plan whose checks passed before (module docstring).
+        # Warm path: a caller-made plan whose checks passed before (module docstring). The key
+        # holds the flags' types: 1 == True and hashes alike, but the checks refuse 1 (the
+        # three types cost ~40 ns of host time, timed on a CPU).
         try:
             key = _key(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
                        work_indptr, work_info_set, q_scale, kv_scale, logits, attn_lse,
@@ -806,7 +811,8 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
                                    id(reduce_final_map), reduce_final_map.data_ptr(),
                                    id(reduce_partial_map), reduce_partial_map.data_ptr(),
                                    max_seqlen_q, page_size, nhead_kv, sm_scale, logit_cap,
-                                   return_lse))
+                                   return_lse, return_lse.__class__, intra_batch_mode.__class__,
+                                   return_logits.__class__))
             p = _prepared.entries.get(key)
         except (AttributeError, TypeError):   # a non-tensor, or an unhashable scalar
             key = p = None
@@ -838,25 +844,30 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
             q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
             page_size, nhead_kv, sm_scale, logit_cap, work_meta_data, work_indptr,
             work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map, q_scale,
-            kv_scale, return_lse, logits, attn_lse, final_lse, key)
+            kv_scale, return_lse, logits, attn_lse, final_lse, key, intra_batch_mode,
+            return_logits)
     return _mla_decode_fwd_cold(
         q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
         page_size, nhead_kv, sm_scale, logit_cap, work_meta_data, work_indptr, work_info_set,
         reduce_indptr, reduce_final_map, reduce_partial_map, q_scale, kv_scale, return_lse,
-        logits, attn_lse, final_lse, None)
+        logits, attn_lse, final_lse, None, intra_batch_mode, return_logits)
 
 
 def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
                          max_seqlen_q, page_size, nhead_kv, sm_scale, logit_cap, work_meta_data,
                          work_indptr, work_info_set, reduce_indptr, reduce_final_map,
                          reduce_partial_map, q_scale, kv_scale, return_lse, logits, attn_lse,
-                         final_lse, key):
+                         final_lse, key, intra_batch_mode, return_logits):
     """mla_decode_fwd's first call on a buffer set (and every self-planned call): every check,
     the plan when none is given, the launches; with a ``key``, the checked launch is kept for
     the warm path."""
     for name, t in (("q", q), ("kv_buffer", kv_buffer)):   # a non-tensor is a TypeError, as in the other ops
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    # bools only (Python or NumPy): return_lse='no' would return an LSE
+    for name, flag in (("intra_batch_mode", intra_batch_mode), ("return_logits", return_logits),
+                       ("return_lse", return_lse)):
+        require_bool(name, flag)
     if q.dim() != 3:
         raise ValueError(f"q must be a [total_q, num_heads, {QK_HEAD_DIM}] tensor, got {tuple(q.shape)}")
     if kv_buffer.dim() != 4:

@@ -158,6 +158,19 @@ def sink(device: int) -> Sink:
     return s
 
 
+def visible_index(d, device, who: str = "") -> int:
+    """The index of the CUDA ``torch.device`` ``d`` (the current device when it names none),
+    after ``torch.cuda.is_available()`` was checked. ValueError naming ``device`` (the caller's
+    value, in its message; ``who`` its prefix) when the index is not a visible device."""
+    import torch
+
+    index = d.index if d.index is not None else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"{who}device must be a visible CUDA device (0..{torch.cuda.device_count() - 1}), "
+                         f"got {device!r}")
+    return index
+
+
 def check_errors(device=None) -> None:
     """Wait for the device, then raise what its kernels found (:class:`DeviceIndexError`).
 
@@ -186,11 +199,7 @@ def check_errors(device=None) -> None:
             raise ValueError(f"device must be a CUDA device, got {d}")
         if not torch.cuda.is_available():
             raise RuntimeError(f"check_errors({device!r}): no CUDA device is visible")
-        index = d.index if d.index is not None else torch.cuda.current_device()
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"device must be a visible CUDA device (0..{torch.cuda.device_count() - 1}), "
-                             f"got {device!r}")
-        devices = [index]
+        devices = [visible_index(d, device)]
     for index in devices:
         torch.cuda.synchronize(index)
         s = _sinks.get(index)

@@ -60,6 +60,7 @@ from typing import Any
 
 from .. import arch as _arch
 from ..locks import ForkSafeLock
+from ..scalars import require_bool
 from . import launch
 from .metadata_reference import (
     INT32_MAX,
@@ -98,14 +99,32 @@ def default_kv_granularity(page_size: int) -> int:
     return max(1, 64 // page_size)
 
 
+def _check_counts(batch_size, num_clusters) -> None:
+    # get_mla_metadata_info_v1 allows 0 batches (empty buffers); a schedule has >= 1 work list
+    check_int("batch_size", batch_size)
+    check_int("num_clusters", num_clusters)
+    if batch_size < 0:
+        raise ValueError(f"batch_size must be >= 0, got {batch_size}")
+    if num_clusters < 1:
+        raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
+
+
 def max_works(batch_size: int, num_clusters: int) -> int:
     """Most work records any schedule of ``batch_size`` batches over ``num_clusters`` clusters
-    can have: ``B + C - 1`` (module docstring has the proof)."""
+    can have: ``B + C - 1`` (module docstring has the proof).
+
+    Raises TypeError when either is not a Python or NumPy int (bools, floats, strings and
+    tensors included) and ValueError for ``batch_size < 0`` or ``num_clusters < 1``."""
+    _check_counts(batch_size, num_clusters)
     return max(0, batch_size + num_clusters - 1)
 
 
 def max_partial_entries(batch_size: int, num_clusters: int) -> int:
-    """Most ``reduce_partial_map`` entries (= split pieces): ``min(B + C - 1, 2 (C - 1))``."""
+    """Most ``reduce_partial_map`` entries (= split pieces): ``min(B + C - 1, 2 (C - 1))``.
+
+    Raises TypeError when either is not a Python or NumPy int (bools, floats, strings and
+    tensors included) and ValueError for ``batch_size < 0`` or ``num_clusters < 1``."""
+    _check_counts(batch_size, num_clusters)
     return max(0, min(batch_size + num_clusters - 1, 2 * (num_clusters - 1)))
 
 
@@ -113,9 +132,7 @@ def _unsupported_modes(*, is_sparse: bool, fast_mode: bool, intra_batch_mode: bo
     # bools only (Python or NumPy): 'no' or None would read as a mode the caller did not ask for
     for name, value in (("is_sparse", is_sparse), ("fast_mode", fast_mode),
                         ("intra_batch_mode", intra_batch_mode)):
-        numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
-        if not (isinstance(value, bool) or numpy_bool):
-            raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+        require_bool(name, value)
     if is_sparse:
         raise NotImplementedError("sparse MLA (is_sparse / topk >= 0) is not supported yet")
     if intra_batch_mode:
@@ -272,8 +289,15 @@ def _record_plan(work_info_set, work_indptr, **fields) -> PlanRecord:
 
 
 def lookup_plan(work_info_set) -> PlanRecord | None:
-    """The :class:`PlanRecord` of the last schedule written into ``work_info_set`` (matched by
-    device and data pointer, while the tensor object that was filled is alive), else None."""
+    """The :class:`PlanRecord` of the last schedule written into ``work_info_set`` (a
+    torch.Tensor; matched by device and data pointer, while the tensor object that was filled
+    is alive), else None.
+
+    Raises TypeError when ``work_info_set`` is not a torch.Tensor."""
+    import torch
+
+    if not isinstance(work_info_set, torch.Tensor):
+        raise TypeError(f"work_info_set must be a torch.Tensor, got {type(work_info_set).__name__}")
     entry = _plans.get(_plan_key(work_info_set))
     if entry is None or entry[0]() is None:
         return None

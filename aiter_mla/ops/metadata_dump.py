@@ -11,6 +11,7 @@ import json
 import random
 
 from .. import arch, env
+from ..bench.commands import SEED_MAX, seed_value
 from ..cli_errors import CommandLineError
 from ..work_info import WI
 
@@ -260,7 +261,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-split-per-batch", type=int, default=-1,
                    help="caps the split count at this x --batch, as AITER's max_split_per_batch "
                         "(default -1: no cap)")
-    p.add_argument("--seed", type=int, default=None, help="seed for --ctx LO-HI (default 0; only with LO-HI)")
+    p.add_argument("--seed", type=seed_value, default=None,
+                   help=f"seed for --ctx LO-HI, 0..{SEED_MAX} (default 0; only with LO-HI)")
     p.add_argument("--works", action="store_true", help="also list every work record")
     p.add_argument("--json", action="store_true", help="print the schedule as JSON")
     p.set_defaults(func=run)

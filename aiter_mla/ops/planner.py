@@ -14,8 +14,9 @@ from typing import Optional
 import torch
 
 from ..arch import V_HEAD_DIM
-from ..scalars import require_int, require_real
-from . import decode, metadata
+from ..scalars import require_bool, require_int, require_real
+from . import decode, errors, metadata
+from .metadata_reference import INT32_MAX
 
 __all__ = ["MlaDecodePlanner"]
 
@@ -50,8 +51,10 @@ class MlaDecodePlanner:
     * 2 KiB`` on the device, C the work-list count (``aiter_mla.arch.num_clusters``; 66 at 128
     rows on an H200: 33 MiB at batch 256, (128,1)).
 
-    Raises TypeError / ValueError naming the argument, NotImplementedError for an unsupported
-    shape or dtype (listing what is supported), RuntimeError without a CUDA device.
+    Raises TypeError / ValueError naming the argument (ValueError for ``max_batch_size`` or
+    ``max_num_pages`` past the scheduler's int32 bounds, or a ``device`` index that is not a
+    visible CUDA device; all checked before any allocation), NotImplementedError for an
+    unsupported shape or dtype (listing what is supported), RuntimeError without a CUDA device.
     """
 
     def __init__(self, max_batch_size: int, num_heads: int, *, sm_scale: float, max_num_pages: int,
@@ -65,6 +68,13 @@ class MlaDecodePlanner:
             raise ValueError(f"MlaDecodePlanner: page_size must be a power of two in 1..256, "
                              f"got {page_size!r}")
         self.max_seqlen_q = _positive_int("max_seqlen_q", max_seqlen_q)
+        # the scheduler's int32 bounds, before anything is allocated (get_mla_metadata_info_v1)
+        if self.max_batch_size > INT32_MAX:
+            raise ValueError(f"MlaDecodePlanner: max_batch_size must be <= {INT32_MAX} (int32 work "
+                             f"indices), got {self.max_batch_size}")
+        if self.max_num_pages > INT32_MAX:
+            raise ValueError(f"MlaDecodePlanner: max_num_pages must be <= {INT32_MAX} (int32 page "
+                             f"offsets in kv_indptr), got {self.max_num_pages}")
         self.sm_scale = require_real("MlaDecodePlanner: sm_scale", sm_scale, float32=True)
         if self.sm_scale <= 0:   # a planner is for a model: its scale is positive
             raise ValueError(f"MlaDecodePlanner: sm_scale must be > 0, got {sm_scale!r}")
@@ -77,6 +87,7 @@ class MlaDecodePlanner:
         self.dtype = dtype
         decode.decode_variant(self.num_heads, self.max_seqlen_q, self.page_size, dtype, dtype,
                               who="MlaDecodePlanner")
+        given = device
         if device is not None:   # a wrong argument is named before the machine is asked about
             try:
                 device = torch.device(device)
@@ -86,18 +97,22 @@ class MlaDecodePlanner:
                 raise ValueError(f"MlaDecodePlanner: device must be a CUDA device, got {device}")
         if not torch.cuda.is_available():
             raise RuntimeError("MlaDecodePlanner needs a CUDA device; none is visible")
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        self.device = device
-        i32 = dict(dtype=torch.int32, device=device)
+        device = torch.device("cuda") if device is None else device
+        self.device = device = torch.device(
+            "cuda", errors.visible_index(device, given, "MlaDecodePlanner: "))
         B = self.max_batch_size
+        # the int32 bound that depends on the work-list count C (works = B + C - 1), before any
+        # allocation; C from the sizes of an empty plan (work_indptr has C + 1 entries)
+        nc = metadata.get_mla_metadata_info_v1(0, self.max_seqlen_q, self.num_heads, dtype, dtype)[1][0][0] - 1
+        if metadata.max_works(B, nc) > INT32_MAX:
+            raise ValueError(f"MlaDecodePlanner: max_batch_size must be <= {INT32_MAX - nc + 1} (int32 "
+                             f"work indices with {nc} work lists), got {B}")
+        info = metadata.get_mla_metadata_info_v1(B, self.max_seqlen_q, self.num_heads, dtype, dtype)
+        i32 = dict(dtype=torch.int32, device=device)
         self.qo_indptr = torch.zeros(B + 1, **i32)
         self.kv_indptr = torch.zeros(B + 1, **i32)
         self.kv_last_page_lens = torch.ones(B, **i32)
         self.kv_indices = torch.zeros(self.max_num_pages, **i32)
-        info = metadata.get_mla_metadata_info_v1(B, self.max_seqlen_q, self.num_heads, dtype, dtype)
         (self.work_meta_data, self.work_indptr, self.work_info_set, self.reduce_indptr,
          self.reduce_final_map, self.reduce_partial_map) = [
             torch.empty(shape, dtype=d, device=device) for shape, d in info]
@@ -111,7 +126,10 @@ class MlaDecodePlanner:
         """The planner's own ``(qo_indptr, kv_indptr, kv_last_page_lens)`` views for a batch of
         ``batch_size`` ([B + 1], [B + 1], [B] int32), always the same objects. An engine that
         fills these (and ``kv_indices``) in place and passes them to :meth:`plan` saves its
-        copies."""
+        copies.
+
+        Raises TypeError when ``batch_size`` is not an int (bools and floats included) and
+        ValueError when it is not in 1..max_batch_size."""
         b = _positive_int("batch_size", batch_size)
         if b > self.max_batch_size:
             raise ValueError(f"MlaDecodePlanner: batch_size must be <= max_batch_size="
@@ -185,14 +203,17 @@ class MlaDecodePlanner:
                 :func:`aiter_mla.concat_and_cache_mla`).
             out: optional [total_q, num_heads, 512] bf16 output (given: nothing is allocated).
             lse / return_lse: a [total_q, num_heads] fp32 buffer for the LSE (natural log), or
-                ``return_lse=True`` to allocate one.
+                ``return_lse=True`` to allocate one (a bool, Python or NumPy).
             q_scale, kv_scale: fp8 per-tensor [1] fp32 scales (real = stored x scale).
 
         Returns ``out``, or ``(out, lse)`` when ``lse`` is given or ``return_lse``.
 
-        Raises RuntimeError before the first :meth:`plan`; otherwise the errors of
+        Raises TypeError for a ``return_lse`` that is not a bool (``'no'`` is not read as
+        truthy); RuntimeError before the first :meth:`plan`; otherwise the errors of
         :func:`aiter_mla.mla_decode_fwd` (which this calls with the planner's buffers).
         """
+        if return_lse.__class__ is not bool:   # numpy bools pass (as bool); 'no' or 1 do not
+            return_lse = require_bool("MlaDecodePlanner.run: return_lse", return_lse)
         if self.batch_size is None:
             raise RuntimeError("MlaDecodePlanner.run: call plan() for this step first")
         qo, kv, last = self._views[self.batch_size]
