@@ -94,7 +94,8 @@ def _warm_decode_entry(t, log, given: bool, return_lse: bool):
                    (id(t["reduce_indptr"]), t["reduce_indptr"].data_ptr(),
                     id(t["reduce_final_map"]), t["reduce_final_map"].data_ptr(),
                     id(t["reduce_partial_map"]), t["reduce_partial_map"].data_ptr(),
-                    1, 64, 1, None, 0.0, return_lse, type(return_lse), bool, bool, int, int, int))
+                    1, 64, 1, None, 0.0, return_lse, type(return_lse), bool, bool, int, int, int,
+                    type(None), float))
     dec._prepared.put(key, p, [v for k, v in t.items() if k not in ("q", "o")])
     return p
 
@@ -120,25 +121,31 @@ def _call_decode(t, given, return_lse):
 
 
 @pytest.mark.parametrize("arg, bad", [("page_size", 64.0), ("page_size", True), ("nhead_kv", 1.0),
-                                      ("max_seqlen_q", True)])
-def test_warm_key_refuses_integers_of_another_type(no_gpu_stream, arg, bad):
-    """64.0 == 64 and True == 1 as dict keys: after a warm entry for page_size=64, nhead_kv=1,
-    max_seqlen_q=1, a call with one of them a float or a bool must reach the cold path's check
-    (a TypeError naming it), not the warm launch."""
+                                      ("max_seqlen_q", True), ("logit_cap", False)])
+def test_warm_key_refuses_scalars_of_another_type(no_gpu_stream, arg, bad):
+    """64.0 == 64, True == 1 and False == 0.0 as dict keys: after a warm entry for page_size=64,
+    nhead_kv=1, max_seqlen_q=1, logit_cap=0.0, a call with one of them of another type must
+    reach the cold path's check (a TypeError naming it), not the warm launch. The same call
+    with the entry's own types launches (so the entry's key is the one such a call makes)."""
     t = _case()
     log = []
     _warm_decode_entry(t, log, True, return_lse=False)
-    kw = dict(page_size=64, nhead_kv=1, max_seqlen_q=1)
-    kw[arg] = bad
-    with pytest.raises(TypeError, match=arg):
-        dec.mla_decode_fwd(
+
+    def call(**kw):
+        return dec.mla_decode_fwd(
             t["q"], t["kv_buffer"], t["o"], t["qo_indptr"], t["kv_indptr"], t["kv_indices"],
             t["kv_last_page_lens"], kw["max_seqlen_q"], page_size=kw["page_size"],
-            nhead_kv=kw["nhead_kv"], work_meta_data=t["work_meta_data"],
+            nhead_kv=kw["nhead_kv"], logit_cap=kw["logit_cap"], work_meta_data=t["work_meta_data"],
             work_indptr=t["work_indptr"], work_info_set=t["work_info_set"],
             reduce_indptr=t["reduce_indptr"], reduce_final_map=t["reduce_final_map"],
             reduce_partial_map=t["reduce_partial_map"], logits=t["logits"], attn_lse=t["attn_lse"])
-    assert log == []
+
+    good = dict(page_size=64, nhead_kv=1, max_seqlen_q=1, logit_cap=0.0)
+    call(**good)
+    assert [name for name, _ in log] == ["decode"]
+    with pytest.raises(TypeError, match=arg):
+        call(**{**good, arg: bad})
+    assert len(log) == 1
 
 
 @pytest.mark.parametrize("given", [True, False], ids=["no_alloc", "aiter_alloc"])

@@ -802,9 +802,9 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     """
     if work_meta_data is not None and not torch.compiler.is_compiling():
         # Warm path: a caller-made plan whose checks passed before (module docstring). The key
-        # holds the flags' and the integer scalars' types: 1 == True == 1.0 and they hash
-        # alike, but the checks refuse a flag of 1 and a page_size of 64.0 (the six types cost
-        # ~80 ns of host time, timed on a CPU).
+        # holds every scalar's type: 1 == True == 1.0 and 0.0 == False hash alike, but the
+        # checks refuse a flag of 1, a page_size of 64.0 and a logit_cap of False (the eight
+        # types cost ~80 ns of host time, timed on a CPU).
         try:
             key = _key(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
                        work_indptr, work_info_set, q_scale, kv_scale, logits, attn_lse,
@@ -814,7 +814,8 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
                                    max_seqlen_q, page_size, nhead_kv, sm_scale, logit_cap,
                                    return_lse, return_lse.__class__, intra_batch_mode.__class__,
                                    return_logits.__class__, max_seqlen_q.__class__,
-                                   page_size.__class__, nhead_kv.__class__))
+                                   page_size.__class__, nhead_kv.__class__, sm_scale.__class__,
+                                   logit_cap.__class__))
             p = _prepared.entries.get(key)
         except (AttributeError, TypeError):   # a non-tensor, or an unhashable scalar
             key = p = None
