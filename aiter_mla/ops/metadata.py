@@ -116,6 +116,12 @@ def max_works(batch_size: int, num_clusters: int) -> int:
     Raises TypeError when either is not a Python or NumPy int (bools, floats, strings and
     tensors included) and ValueError for ``batch_size < 0`` or ``num_clusters < 1``."""
     _check_counts(batch_size, num_clusters)
+    return _max_works(batch_size, num_clusters)
+
+
+def _max_works(batch_size: int, num_clusters: int) -> int:
+    # max_works without its checks, for the scheduler's own calls (checked ints; per step);
+    # 0 for an empty plan of 0 splits
     return max(0, batch_size + num_clusters - 1)
 
 
@@ -125,6 +131,11 @@ def max_partial_entries(batch_size: int, num_clusters: int) -> int:
     Raises TypeError when either is not a Python or NumPy int (bools, floats, strings and
     tensors included) and ValueError for ``batch_size < 0`` or ``num_clusters < 1``."""
     _check_counts(batch_size, num_clusters)
+    return _max_partial_entries(batch_size, num_clusters)
+
+
+def _max_partial_entries(batch_size: int, num_clusters: int) -> int:
+    # max_partial_entries without its checks, for the scheduler's own calls
     return max(0, min(batch_size + num_clusters - 1, 2 * (num_clusters - 1)))
 
 
@@ -233,17 +244,17 @@ def _buffer_specs(batch_size: int, nc: int) -> list:
     this with the work-list count it computed once per call."""
     import torch
 
-    if max_works(batch_size, nc) > INT32_MAX:
+    if _max_works(batch_size, nc) > INT32_MAX:
         # work and reduce-entry indices are int32 in every buffer and kernel
         raise ValueError(f"batch_size must be <= {INT32_MAX - nc + 1} (int32 work indices with "
                          f"{nc} work lists), got {batch_size}")
     return [
         ((2,), torch.uint64),
         ((nc + 1,), torch.int32),
-        ((max_works(batch_size, nc), WORK_INFO_INTS), torch.int32),
+        ((_max_works(batch_size, nc), WORK_INFO_INTS), torch.int32),
         ((batch_size + 1,), torch.int32),
         ((batch_size, 2), torch.int32),
-        ((max_partial_entries(batch_size, nc),), torch.int32),
+        ((_max_partial_entries(batch_size, nc),), torch.int32),
     ]
 
 
@@ -580,12 +591,12 @@ def _fill_schedule(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_
     _check_buffer(work_metadata_ptrs, "work_metadata_ptrs", torch.uint64, 2, None, device,
                   lambda: "any arguments: it always has 2 entries")
     _check_buffer(work_indptr, "work_indptr", torch.int32, nc + 1, None, device, sizing)
-    _check_buffer(work_info_set, "work_info_set", torch.int32, max_works(nb, nsplit),
+    _check_buffer(work_info_set, "work_info_set", torch.int32, _max_works(nb, nsplit),
                   WORK_INFO_INTS, device, sizing)
     _check_buffer(reduce_indptr, "reduce_indptr", torch.int32, nb + 1, None, device, lambda: sizing(False))
     _check_buffer(reduce_final_map, "reduce_final_map", torch.int32, nb, 2, device, lambda: sizing(False))
     _check_buffer(reduce_partial_map, "reduce_partial_map", torch.int32,
-                  max_partial_entries(nb, nsplit), None, device, sizing)
+                  _max_partial_entries(nb, nsplit), None, device, sizing)
     if not own_buffers:
         _check_disjoint((("work_metadata_ptrs", work_metadata_ptrs), ("work_indptr", work_indptr),
                          ("work_info_set", work_info_set), ("reduce_indptr", reduce_indptr),
