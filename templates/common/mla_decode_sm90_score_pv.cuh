@@ -131,10 +131,10 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
                                            int num_tiles, float scale_log2, int wpar, uint32_t wuse, int group,
                                            int lane) {
   constexpr int kS = C::kStages;
-  // P(t) is published once it is written and QK(t + 1)'s last chunk is waited (the proxy fence
-  // then finds P's stores landed), so PV(t) runs under softmax(t + 1). Tile t + 1's stage is
-  // refilled once PV(t - 3) has read its V, and P(t - 3) went out three iterations before the
-  // wait for it. Only the 4-stage ring has run.
+  // P(t) is published once it is written and QK(t + 1)'s last chunk is waited (so the proxy
+  // fence's wait for P's stores likely overlaps that wait), and PV(t) runs under softmax(t + 1).
+  // Tile t + 1's stage is refilled once PV(t - 3) has read its V, and P(t - 3) went out three
+  // iterations before the wait for it. Only the 4-stage ring has run.
   const int r0 = group * 16 + (lane >> 2);
   const int tid = threadIdx.x - kPvThreads;
   // QK(t + 1)'s chunks 0 and 1 are issued before softmax(t), so the tensor cores run them under
@@ -210,16 +210,17 @@ __device__ __forceinline__ void score_work(RowState& st, uint8_t* smem, uint32_t
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * f[h] + sum[h];
-    {   // QK(t + 1)'s chunk 2, waited and added; P's stores land meanwhile
+    AITER_MLA_STAMP(kSoftmax);
+    {   // QK(t + 1)'s chunk 2, waited and added; P's stores are likely landed by its end
       wg::wgmma_wait<0>();
       wg::fence_operands(sn);
       wg::qk_add<C>(sn, acc0);
       wg::fence_operands(sn);
     }
-    AITER_MLA_STAMP(kQk);
+    AITER_MLA_STAMP(kQk);   // chunk 2's wait and add
     wg::fence_proxy_async();   // P -> the PV wgmmas' B operand
     nb_arrive(kBarPFull + slot);                                 // P(t): its PV runs under softmax(t + 1)
-    AITER_MLA_STAMP(kSoftmax);
+    AITER_MLA_STAMP(kSoftmax);   // P's publication
     if (last) wg::mbar_arrive(bar_empty + su.stage * 8);       // K read (and the dummy's reads)
 #pragma unroll
     for (int j = 0; j < C::kSTiles; ++j)
