@@ -156,7 +156,10 @@ def num_cu(device=None) -> int:
 def ctas_per_work(num_heads: int, max_seqlen_q: int, *, target: str = "sm_90a") -> int:
     """CTAs (multiprocessors) one work occupies at once: on sm_90a one per 64-row block of its
     tile, all on the same KV (2 for the 128-row tile, 32 at 2048 rows); on AMD 1 (one
-    workgroup holds the work's rows, :func:`amd_tile_rows`)."""
+    workgroup holds the work's rows, :func:`amd_tile_rows`). Raises ValueError for a ``target``
+    not in :data:`ARCHS`, and :func:`tile_rows`' / :func:`amd_tile_rows`' errors for an
+    unsupported shape."""
+    _check_target(target)
     if target in AMD_ARCHS:
         amd_tile_rows(num_heads, max_seqlen_q, target)   # its checks
         return 1

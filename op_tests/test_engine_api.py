@@ -141,6 +141,8 @@ def _append_args(tokens=3, dtype=torch.bfloat16, device="cpu"):
     (dict(kv_cache=torch.zeros(4, 16, 1, 576)), TypeError, "kv_cache must be torch.bfloat16 or"),
     (dict(kv_cache=torch.zeros(4, 16, 1, 576, dtype=torch.float8_e4m3fn),
           kv_scale=torch.ones(1, dtype=torch.float64)), TypeError, "kv_scale must be float32 .* got torch.float64"),
+    # the actual value, not "a tensor" for every kind (fresh-user report: a float read as a tensor)
+    (dict(kv_scale=1.0), ValueError, r"kv_scale must be None for a bf16 kv_cache \(values are copied\), got a float \(1.0\)"),
 ])
 def test_cache_append_names_a_bad_argument_on_cpu(change, exc, text):
     args = _append_args() | change

@@ -122,6 +122,8 @@ def test_build_failure_exits_nonzero_and_reports(fake_jit, capsys, monkeypatch):
     # a negative list reaches the flag's own check (argparse took '-1,1' for an unknown option:
     # "expected at least one argument")
     (["metadata", "--batch", "2", "--ctx", "-5,7"], "--ctx lengths must be >= 0 tokens, got '-5,7'"),
+    # a list with a negative item is a list, not a malformed LO-HI range (fresh-user report)
+    (["metadata", "--batch", "2", "--ctx", "10,-1"], "--ctx lengths must be >= 0 tokens, got '10,-1'"),
 ])
 def test_bad_usage_exits_2_with_reason(fake_jit, capsys, argv, needle):
     """A wrong command line exits 2, as argparse's own errors do (a failed build exits 1)."""
@@ -722,6 +724,36 @@ def test_missing_cache_dir_is_named_by_commands_that_read_it(tmp_path, capsys, a
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert f"which cannot be one ({f} exists and is not a folder)" in err and "Errno" not in err
+
+
+@pytest.mark.parametrize("argv", [["list"], ["clear", "--all"], ["gc", "--max-bytes", "0"]])
+def test_cache_dir_tilde_is_the_same_folder_for_every_command(tmp_path, monkeypatch, capsys, argv):
+    """--cache-dir=~/c (the shell leaves the ~ after '=') is HOME/c for list, clear and gc as it
+    is for build: they reported "no cache folder" and removed nothing (fresh-user report)."""
+    from aiter_mla.cli import main
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "c").mkdir()
+    assert main(["jit", *argv, "--cache-dir=~/c"]) == 0
+    assert "no cache folder" not in capsys.readouterr().err
+    (tmp_path / "f").write_text("x")   # ~/f is a file: a usage error, as an absolute path is
+    with pytest.raises(SystemExit) as exc:
+        main(["jit", *argv, "--cache-dir=~/f"])
+    assert exc.value.code == 2
+    assert "expected a folder, got '~/f', which is not one" in capsys.readouterr().err
+
+
+def test_max_bytes_units(capsys):
+    from aiter_mla.cli import main
+    from aiter_mla.jit.commands import _parse_bytes
+
+    assert [_parse_bytes(t) for t in ("500", "500B", "5M", "5MB", "5MiB", "1.5G")] == [
+        500, 500, 5 << 20, 5 << 20, 5 << 20, 3 << 29]
+    for bad in ("5Mbbb", "5iii", "5ib"):   # one unit word at most ('5Mbbb' was 5 MiB: fresh-user report)
+        with pytest.raises(SystemExit) as exc:
+            main(["jit", "gc", "--max-bytes", bad])
+        assert exc.value.code == 2
+        assert f"{bad!r} is not a size" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["list"], ["clear", "--all"], ["gc", "--max-bytes", "0"]])

@@ -1533,3 +1533,12 @@ def test_dtype_arguments_are_the_kernels_dtypes(monkeypatch):
     with pytest.raises(ValueError, match=r"seqlens_qo_indptr and seqlens_kv_indptr must have the same "
                                          r"length \(num_batches \+ 1\), got 3 and 2"):
         md.get_mla_metadata_v1(*short_kv, max_seqlen_qo=1)
+
+
+@pytest.mark.parametrize("target", ["gfx999", "", None, 5])
+def test_ctas_per_work_refuses_an_unknown_target(target):
+    """It returned the sm_90a answer for any target (fresh-user report); occupancy and
+    num_clusters raise."""
+    with pytest.raises(ValueError, match="target must be one of sm_90a, gfx942, gfx950"):
+        arch.ctas_per_work(128, 1, target=target)
+

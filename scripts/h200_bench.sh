@@ -27,9 +27,10 @@ run n16_q1 -n 16,1 --no-jit-figures
 run n64_q1 -n 64,1 --no-jit-figures
 run n128_q1_bf16 -n 128,1 -d bf16 -kvd bf16 --no-jit-figures
 run n16_q1_bf16 -n 16,1 -d bf16 -kvd bf16 --no-jit-figures
+run n64_q1_bf16 -n 64,1 -b 64 128 256 -c 3200 8192 23333 -d bf16 -kvd bf16 --no-jit-figures
 run n128_q2 -n 128,1 128,2 -b 64 128 256 -c 3200 8192 --no-jit-figures
 run n128_q2_bf16 -n 128,1 128,2 -b 64 128 256 -c 3200 8192 -d bf16 -kvd bf16 --no-jit-figures
 tar czf "$OUT/perf.tgz" -C "$dest" .
-for tag in n128_q1 n16_q1 n64_q1 n128_q1_bf16 n16_q1_bf16 n128_q2 n128_q2_bf16; do
+for tag in n128_q1 n16_q1 n64_q1 n128_q1_bf16 n16_q1_bf16 n64_q1_bf16 n128_q2 n128_q2_bf16; do
   echo "== $tag"; grep -E "^ +(1|64|128|256) +(21|3200|8192|23333) " "$dest/bench_$tag.log" | head -16
 done

@@ -84,7 +84,7 @@ def register(subparsers) -> None:
 
     p = jsub.add_parser("gc", help="evict least-recently-used entries down to a size")
     p.add_argument("--max-bytes", required=True, type=_parse_bytes,
-                   help="size to shrink to: bytes, or with K/M/G suffix")
+                   help="size to shrink to: bytes, or with a K/M/G suffix (powers of 1024)")
     _add_cache_dir_arg(p)
     p.set_defaults(func=cmd_gc)
 
@@ -110,16 +110,18 @@ def _cache_dir(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError(f"expected a folder path, got {text!r}")
     try:
-        absolute_path(text, "--cache-dir")
+        # ~ expanded here, once: the shell leaves it in --cache-dir=~/x, and every command (list,
+        # clear, gc as well as build) must then act on the same folder
+        path = str(absolute_path(text, "--cache-dir"))
     except ValueError as exc:   # an unknown ~user
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--cache-dir ")) from None
-    if os.path.exists(text) and not os.path.isdir(text):
+    if os.path.exists(path) and not os.path.isdir(path):
         raise argparse.ArgumentTypeError(f"expected a folder, got {text!r}, which is not one")
-    reason = unmakeable_folder_reason(text)
+    reason = unmakeable_folder_reason(path)
     if reason is not None and reason.endswith("is not a folder"):   # a file on the way to it
         raise argparse.ArgumentTypeError(f"expected a folder path, got {text!r}, which cannot be one "
                                          f"({reason})")
-    return text
+    return path
 
 
 #: Commands that only read or trim a cache: a --cache-dir that does not exist is named on stderr
@@ -144,9 +146,14 @@ def _cache_dir_option(cmd):
 
 
 def _parse_bytes(text: str) -> int:
-    """A byte count >= 0: digits, or a finite number with a K / M / G suffix (powers of 1024)."""
+    """A byte count >= 0: digits, or a finite number with a K / M / G suffix (powers of 1024),
+    optionally followed by B or iB (500M, 500MB, 500MiB)."""
     mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().rstrip("b").rstrip("i")
+    t = text.strip().lower()
+    if t.endswith("ib") and len(t) > 2 and t[-3] in mult:   # one unit word at most: '5Mbbb' is not a size
+        t = t[:-2]
+    elif t.endswith("b"):
+        t = t[:-1]
     try:
         if t and t[-1] in mult:
             value = float(t[:-1]) * mult[t[-1]]

@@ -125,7 +125,8 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
         if kv_scale.device != device:
             _fail(ValueError, "kv_scale", f"on {device} (kv_cache's device)", kv_scale.device)
     elif kv_scale is not None:
-        _fail(ValueError, "kv_scale", "None for a bf16 kv_cache (values are copied)", "a tensor")
+        _fail(ValueError, "kv_scale", "None for a bf16 kv_cache (values are copied)",
+              f"a {type(kv_scale).__name__} ({kv_scale!r})" if not isinstance(kv_scale, torch.Tensor) else "a tensor")
     if device.type != "cuda":
         _fail(ValueError, "kv_cache", "a CUDA tensor", device)
     index = device.index if device.index is not None else torch.cuda.current_device()

@@ -51,7 +51,7 @@ def _no_more_than_batch(vals: list[int], batch: int, name: str, text: str) -> No
 def _lengths(spec: str, batch: int, seed: int | None) -> list[int]:
     """``N``, ``a,b,c`` (cycled over the batch) or ``LO-HI`` (uniform random, seeded: ``seed``,
     0 when None; a seed given with another form is an error, since it would be ignored)."""
-    if "-" in spec.strip("-"):
+    if "-" in spec.strip("-") and "," not in spec:   # '10,-1' is a list with a negative length
         seed = 0 if seed is None else seed
         try:
             lo, hi = (int(x) for x in spec.split("-", 1))
