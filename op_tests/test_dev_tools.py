@@ -392,6 +392,42 @@ def test_budget_table_edges():
     assert "|  | **total** | 166.7 | 100% | 175.0 | 200.0 | 83.3 |" in lines
 
 
+def test_timeline_summary_by_hand():
+    # two CTAs, two calls (+ an unrecorded third); ns; marks: entry, waited, first_work,
+    # last_epilogue_start, last_epilogue_end, exit
+    line = [
+        [[0, 1000, 3000, 10000, 12000, 12500], [11000, 14000, 16000, 20000, 21000, 21400], [0] * 6],
+        [[500, 1400, 3400, 11000, 12600, 13000], [13500, 14200, 17000, 26000, 27000, 28000], [0] * 6],
+        [[0] * 6, [0] * 6, [0] * 6],   # a slot past the grid
+        [[600, 1200, 0, 0, 0, 1300], [13000, 14100, 0, 0, 0, 14200], [0] * 6],   # a CTA with no work
+    ]
+    tl = pb.timeline_summary(line)
+    assert tl["calls"] == 2
+    c0, c1 = tl["per_call_us"]
+    assert c0["ctas"] == 3 and c0["working_ctas"] == 2 and "gap" not in c0
+    assert c0["release_spread"] == pytest.approx(0.4)          # 1400 - 1000
+    assert c0["fill"] == pytest.approx(2.2)                     # median(3000, 3400) - 1000
+    assert c0["loop"] == pytest.approx(7.3)                     # median(10000, 11000) - 3200
+    assert c0["ends_spread"] == pytest.approx(0.5)              # 11000 - 10500
+    assert c0["epilogue"] == pytest.approx(1.8)                 # median(2000, 1600)
+    assert c0["tail"] == pytest.approx(2.0)                     # 13000 - 11000
+    assert c0["span"] == pytest.approx(12.0)                    # 13000 - 1000
+    assert c0["period"] == pytest.approx(13.0)                  # 14000 - 1000
+    assert c1["gap"] == pytest.approx(1.0)                      # 14000 - 13000
+    assert "period" not in c1 and c1["span"] == pytest.approx(14.0)
+    m = tl["median_us"]
+    assert m["gap"] == pytest.approx(1.0) and m["period"] == pytest.approx(13.0)
+    assert m["fill"] == pytest.approx((2.2 + 2.5) / 2)          # call 1: median(16000, 17000) - 14000
+    assert pb.timeline_summary([[[0] * 6]]) is None
+    idle = pb.timeline_summary([[[5, 10, 0, 0, 0, 20]]])      # no CTA ran a work
+    assert idle["median_us"]["fill"] is None and idle["median_us"]["span"] == pytest.approx(0.01)
+    assert pb.render_timeline(idle)[-1].startswith("| – | 0.00 | – |")
+    with pytest.raises(ValueError, match="slot 0: a record of 5 marks, expected 6"):
+        pb.timeline_summary([[[1, 2, 3, 4, 5]]])
+    lines = pb.render_timeline(tl)
+    assert lines[-1].startswith("| 1.00 | ") and pb.render_timeline(None) == []
+
+
 # ------------------------------------------------------------------------------------------
 # GPU: the tools end to end
 
@@ -482,8 +518,12 @@ def test_stamp_build_exports_the_layout_and_plain_build_has_none(private_cache, 
     names = names_fn().decode().split(",")
     assert names == ["pdl_wait", "work", "kv_wait", "qk", "softmax", "pv", "produce_wait", "produce_issue", "handover",
                      "epilogue"]
+    assert getattr(lib, pb.LINE_LAYOUT_FN)(dims) == 0 and list(dims) == [1024, 64, len(pb.LINE_MARKS)]
+    line_names = getattr(lib, pb.LINE_NAMES_FN)
+    line_names.restype = ctypes.c_char_p
+    assert tuple(line_names().decode().split(",")) == pb.LINE_MARKS
     plain_lib = ctypes.CDLL(str(plain.lib_path))
-    for fn in (pb.LAYOUT_FN, pb.NAMES_FN, pb.STAMPS_FN):
+    for fn in (pb.LAYOUT_FN, pb.NAMES_FN, pb.STAMPS_FN, pb.LINE_LAYOUT_FN, pb.LINE_NAMES_FN, pb.LINE_FN):
         assert hasattr(lib, fn) and not hasattr(plain_lib, fn), fn
     # the stamp sums live in the dynamic block, not in static shared memory: static arrays sit in
     # front of the tile and moved it to 256 mod 512, under the 512-byte alignment the TMA

@@ -235,6 +235,27 @@ def test_reduce_grid_smaller_than_tile():
 
 
 @gpu
+def test_reduce_few_blocks_stride_over_many_items(monkeypatch):
+    # The grid is at most one wave; each block strides over (tile, head group) items and reads
+    # their split counts kThreads (256) at a time. A build capped at 2 blocks gives each block
+    # ~350 items in two chunks: split tiles spread over both, the last ones in the second.
+    from aiter_mla.jit import core
+
+    monkeypatch.setenv("AITER_MLA_EXTRA_NVCC_FLAGS", "-DAITER_MLA_REDUCE_MAX_BLOCKS=2")
+    core.reset_state()
+    try:
+        specs = [(1, 3) if (t % 37 == 5 or t >= 690) else (1, t % 2) for t in range(700)]
+        b = build(specs, 8, seed=12)
+        out, lse = poisoned(b["total_q"], 8)
+        run(b, out, lse)
+        torch.cuda.synchronize()
+        check(b, out, lse, what="2 blocks striding")
+    finally:
+        monkeypatch.delenv("AITER_MLA_EXTRA_NVCC_FLAGS")
+        core.reset_state()
+
+
+@gpu
 def test_reduce_on_side_stream():
     b = build(MIXED, 16, seed=10)
     out, lse = poisoned(b["total_q"], 16)

@@ -30,6 +30,12 @@ whose role processed tiles; slots with none are left out), the phase's share of 
 total, the median and max over those CTAs of their own cycles per tile, and ns per tile at the
 SM clock read right after the calls (``torch.cuda.clock_rate``, else ``nvidia-smi``).
 
+The stamp build also keeps a timeline (``aiter_mla_decode_timeline``: per CTA and call, the
+global timer at entry, PDL release, first work set up, last epilogue start and end, exit);
+each case then gets a row of where a call's time goes between grids (:func:`timeline_summary`):
+the gap from the previous grid's end to the release, the fill, the loop, the spread of the
+lists' ends, the epilogue.
+
 ``--templates WHERE`` stamps another tree (``WHERE`` as an arm of template_ab.py: a folder, a
 worktree's root or ``git:REF``). ``-o OUTDIR`` writes OUTDIR/phase_budget.json and .md
 (``--raw`` adds the stamps themselves to the JSON). Exit status: 0; 1 when a build, a call or
@@ -56,6 +62,10 @@ FLAGS_VAR = "AITER_MLA_EXTRA_NVCC_FLAGS"
 ROLE_NAMES = ("consumer wg0", "consumer wg1", "producer (score_pv: scorer)")
 LAYOUT_FN, NAMES_FN, STAMPS_FN = ("aiter_mla_decode_stamp_layout", "aiter_mla_decode_stamp_names",
                                   "aiter_mla_decode_stamps")
+LINE_LAYOUT_FN, LINE_NAMES_FN, LINE_FN = ("aiter_mla_decode_timeline_layout", "aiter_mla_decode_timeline_names",
+                                          "aiter_mla_decode_timeline")
+#: The timeline's marks (global-timer ns of thread 0), in the order the stamp build stores them.
+LINE_MARKS = ("entry", "waited", "first_work", "last_epilogue_start", "last_epilogue_end", "exit")
 HERE = Path(__file__).resolve().parent
 
 
@@ -153,6 +163,85 @@ def budget_table(stamps, names: list[str], clock_mhz: float | None = None,
     return out
 
 
+def timeline_summary(line, names=LINE_MARKS) -> dict | None:
+    """Where a call's time goes, from the timeline ``[slots][calls][marks]`` (global-timer ns of
+    each CTA's thread 0; a slot's call with ``exit`` 0 was not recorded).
+
+    Per call c, with R_c = the earliest ``waited`` over its CTAs (the previous grid's end, as
+    the first released CTA saw it), in µs: ``gap`` = R_c - the latest ``exit`` of call c - 1
+    (the previous grid's last CTA to this grid's release; calls >= 1 only), ``release_spread``
+    = latest - earliest ``waited``; over the CTAs that ran a work (``first_work`` and
+    ``last_epilogue_start`` set; ``working_ctas``; the five figures are left out of a call with
+    none): ``fill`` = median ``first_work`` - R_c (the first work's
+    record, Q and first KV tiles), ``loop`` = median ``last_epilogue_start`` - median
+    ``first_work``, ``ends_spread`` = latest - median ``last_epilogue_start`` (the slowest
+    list's lag), ``epilogue`` = median of (``last_epilogue_end`` - ``last_epilogue_start``),
+    ``tail`` = latest ``exit`` - latest ``last_epilogue_start``, ``span`` = latest ``exit`` -
+    R_c, and ``period`` = R_c+1 - R_c. Returns those per call and their medians over the calls
+    that have them (None where none has), or None when no call was recorded.
+    ValueError when a record has the wrong number of marks.
+    """
+    idx = {n: i for i, n in enumerate(names)}
+    for s, slot in enumerate(line):
+        for rec in slot:
+            if len(rec) != len(names):
+                raise ValueError(f"slot {s}: a record of {len(rec)} marks, expected {len(names)}")
+    ncalls = max((len(slot) for slot in line), default=0)
+    calls = []
+    for c in range(ncalls):
+        recs = [slot[c] for slot in line if c < len(slot) and slot[c][idx["exit"]] > 0]
+        if not recs:
+            break
+        calls.append(recs)
+    if not calls:
+        return None
+
+    def col(recs, name):
+        return [r[idx[name]] for r in recs]
+
+    def med(v):
+        return float(statistics.median(v))
+
+    per_call = []
+    for c, recs in enumerate(calls):
+        release = min(col(recs, "waited"))
+        row = {"ctas": len(recs), "release_spread": (max(col(recs, "waited")) - release) / 1e3,
+               "span": (max(col(recs, "exit")) - release) / 1e3}
+        # the work figures from the CTAs that ran a work (at batch 1 most have none)
+        worked = [r for r in recs if r[idx["first_work"]] > 0 and r[idx["last_epilogue_start"]] > 0]
+        row["working_ctas"] = len(worked)
+        if worked:
+            epi = col(worked, "last_epilogue_start")
+            row.update({
+                "fill": (med(col(worked, "first_work")) - release) / 1e3,
+                "loop": (med(epi) - med(col(worked, "first_work"))) / 1e3,
+                "ends_spread": (max(epi) - med(epi)) / 1e3,
+                "epilogue": med([r[idx["last_epilogue_end"]] - r[idx["last_epilogue_start"]] for r in worked]) / 1e3,
+                "tail": (max(col(recs, "exit")) - max(epi)) / 1e3})
+        if c > 0:
+            row["gap"] = (release - max(col(calls[c - 1], "exit"))) / 1e3
+            per_call[-1]["period"] = (release - min(col(calls[c - 1], "waited"))) / 1e3
+        per_call.append(row)
+    keys = ("gap", "release_spread", "fill", "loop", "ends_spread", "epilogue", "tail", "span", "period")
+    medians = {k: (med([r[k] for r in per_call if k in r]) if any(k in r for r in per_call) else None)
+               for k in keys}
+    return {"calls": len(per_call), "median_us": medians, "per_call_us": per_call}
+
+
+def render_timeline(tl: dict | None) -> list[str]:
+    """Markdown lines of a case's timeline summary (medians over its calls, µs)."""
+    if not tl:
+        return []
+    m = tl["median_us"]
+    heads = ("gap", "release_spread", "fill", "loop", "ends_spread", "epilogue", "tail", "span", "period")
+    return [f"Timeline (global timer, CTA thread 0, medians over {tl['calls']} calls, µs): gap = the "
+            "previous grid's last exit to this grid's release; fill = release to the median first "
+            "work set up; ends_spread = the latest list's epilogue start after the median one; "
+            "tail = the latest epilogue start to the last exit; period = release to release.", "",
+            "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads),
+            "| " + " | ".join(_f(m[k], ".2f") for k in heads) + " |"]
+
+
 def _f(v, spec):
     return "–" if v is None else format(v, spec)
 
@@ -199,6 +288,9 @@ def render_markdown(doc: dict) -> str:
         lines.append("")
         lines += render_budget(c["budget"], clk.get("mhz"))
         lines.append("")
+        if c.get("timeline"):
+            lines += render_timeline(c["timeline"])
+            lines.append("")
     return "\n".join(lines)
 
 
@@ -255,6 +347,19 @@ class Stamps:
         self.names = parse_names(self._names(), self.fields - 1)
         self._buf = (ctypes.c_uint64 * (self.slots * self.roles * self.fields))()
 
+        try:   # the timeline (templates from before it have none)
+            self._line_layout = mod.function(LINE_LAYOUT_FN, [ctypes.POINTER(ctypes.c_int)], ctypes.c_int)
+            self._line_read = mod.function(LINE_FN, [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int,
+                                                     ctypes.c_int], ctypes.c_int)
+        except ModuleLoadError:
+            self._line_layout = None
+        if self._line_layout is not None:
+            rc = self._line_layout(dims)
+            self.line_dims = tuple(int(d) for d in dims)
+            if rc != 0 or self.line_dims[2] != len(LINE_MARKS):
+                raise RuntimeError(f"{LINE_LAYOUT_FN} returned {rc} with dims {list(self.line_dims)}")
+            self._line_buf = (ctypes.c_uint64 * (self.line_dims[0] * self.line_dims[1] * self.line_dims[2]))()
+
     def read(self, device_index: int, reset: bool) -> list:
         """[slots][roles][fields] now (then zeroed when ``reset``)."""
         import ctypes
@@ -263,6 +368,18 @@ class Stamps:
         if rc != 0:
             raise RuntimeError(f"{STAMPS_FN} failed: {self._mod.error_string(rc)} ({rc})")
         return unflatten(self._buf, self.slots, self.roles, self.fields)
+
+    def read_timeline(self, device_index: int, reset: bool) -> list | None:
+        """[slots][calls][marks] of global-timer ns (then zeroed when ``reset``); None when the
+        module has no timeline."""
+        import ctypes
+
+        if self._line_layout is None:
+            return None
+        rc = self._line_read(self._line_buf, ctypes.sizeof(self._line_buf), device_index, 1 if reset else 0)
+        if rc != 0:
+            raise RuntimeError(f"{LINE_FN} failed: {self._mod.error_string(rc)} ({rc})")
+        return unflatten(self._line_buf, *self.line_dims)
 
 
 def ab_first_line(exc: BaseException) -> str:
@@ -297,6 +414,7 @@ def measure_case(run, warmup: int, calls: int, raw: bool) -> dict:
         method, graph = f"eager (graph capture failed: {ab_first_line(exc)})", None
     torch.cuda.synchronize()
     stamps.read(dev, reset=True)
+    stamps.read_timeline(dev, reset=True)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     if graph is not None:
@@ -307,9 +425,12 @@ def measure_case(run, warmup: int, calls: int, raw: bool) -> dict:
     torch.cuda.synchronize()
     clock = sm_clock(dev)
     data = stamps.read(dev, reset=True)
+    line = stamps.read_timeline(dev, reset=True)
     rec = {"us_per_call": start.elapsed_time(end) * 1e3 / calls, "method": method, "clock": clock,
            "layout": {"slots": stamps.slots, "roles": stamps.roles, "fields": stamps.fields},
            "phase_names": stamps.names, "budget": budget_table(data, stamps.names, clock["mhz"])}
+    if line is not None:
+        rec["timeline"] = timeline_summary(line)
     if raw:
         rec["stamps"] = data
     return rec

@@ -13,6 +13,13 @@
 // the CTA's sums into aiter_mla_decode_stamps' array [slot][role][phase], slot = the CTA's
 // linear index (CTAs past kSlots are not recorded), with the tile count as the last field.
 // scripts/phase_budget.py reads them (aiter_mla_decode_stamps) and prints a per-tile budget.
+//
+// The timeline: thread 0 also reads the global timer (ns, one clock for every SM) at its entry,
+// the end of the PDL wait, the end of its first work's set-up, the start and end of its last
+// epilogue and its exit, and stores them per call in aiter_mla_decode_timeline's array
+// [slot][call][mark] (the first kLineCalls launches since the last reset), so that a call's
+// fixed part can be placed: the previous grid's end to this one's release, the fill, the spread
+// of the lists' ends, the epilogue.
 #pragma once
 
 #ifdef AITER_MLA_PHASE_STAMPS
@@ -36,10 +43,24 @@ enum Phase : int {
 };
 constexpr const char* kNames = "pdl_wait,work,kv_wait,qk,softmax,pv,produce_wait,produce_issue,handover,epilogue";
 
-constexpr int kFields = kPhases + 2;   // the phases, the tile count, the last stamp's clock
+enum Mark : int { kEntry, kWaited, kFirstWork, kEpiStart, kEpiEnd, kExit, kMarks };
+constexpr const char* kMarkNames = "entry,waited,first_work,last_epilogue_start,last_epilogue_end,exit";
+constexpr int kLineCalls = 64;
+
+// the phases, the tile count, the last stamp's clock; thread 0 also: the marks and the last
+// stamp's global time
+constexpr int kFields = kPhases + 2 + kMarks + 1;
 constexpr int kSmemBytes = (kRoles * kFields * 8 + 127) / 128 * 128;
 
 __device__ unsigned long long g_sums[kSlots][kRoles][kPhases + 1];
+__device__ unsigned long long g_line[kSlots][kLineCalls][kMarks];
+__device__ unsigned int g_line_calls[kSlots];
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
 extern __shared__ __align__(128) uint8_t aiter_mla_stamp_smem[];   // the kernel's dynamic block
 
 __device__ __forceinline__ bool recorder() { return (threadIdx.x & 127) == 0 && threadIdx.x <= 256; }
@@ -53,8 +74,9 @@ __device__ __forceinline__ unsigned long long* fields() {
 __device__ __forceinline__ void begin() {
   if (recorder()) {
     unsigned long long* f = fields();
-    for (int k = 0; k <= kPhases; ++k) f[k] = 0;
+    for (int k = 0; k < kFields; ++k) f[k] = 0;
     f[kPhases + 1] = clock64();
+    if (threadIdx.x == 0) f[kPhases + 2 + kEntry] = f[kPhases + 2 + kMarks] = global_ns();
   }
 }
 __device__ __forceinline__ void mark(Phase phase) {
@@ -63,6 +85,17 @@ __device__ __forceinline__ void mark(Phase phase) {
     const unsigned long long now = clock64();
     f[phase] += now - f[kPhases + 1];
     f[kPhases + 1] = now;
+    if (threadIdx.x == 0) {
+      unsigned long long* m = f + kPhases + 2;
+      const unsigned long long t = global_ns();
+      if (phase == kPdlWait) m[kWaited] = t;
+      if (phase == kWork && m[kFirstWork] == 0) m[kFirstWork] = t;
+      if (phase == kEpilogue) {
+        m[kEpiStart] = m[kMarks];
+        m[kEpiEnd] = t;
+      }
+      m[kMarks] = t;
+    }
   }
 }
 __device__ __forceinline__ void tiles(int n) {
@@ -73,6 +106,14 @@ __device__ __forceinline__ void end() {
   if (recorder() && slot < kSlots) {
     const unsigned long long* f = fields();
     for (int k = 0; k <= kPhases; ++k) g_sums[slot][threadIdx.x >> 7][k] += f[k];
+    if (threadIdx.x == 0) {
+      const unsigned int n = g_line_calls[slot];
+      if (n < kLineCalls) {
+        for (int k = 0; k < kExit; ++k) g_line[slot][n][k] = f[kPhases + 2 + k];
+        g_line[slot][n][kExit] = global_ns();
+      }
+      g_line_calls[slot] = n + 1;
+    }
   }
 }
 
