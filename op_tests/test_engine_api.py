@@ -29,6 +29,8 @@ FP8_MAX = 448.0
     (dict(sm_scale=None), TypeError, "sm_scale must be a float, got NoneType None"),
     (dict(sm_scale="x"), TypeError, "sm_scale must be a float, got str 'x'"),
     (dict(sm_scale=-0.5), ValueError, "sm_scale must be > 0, got -0.5"),
+    # 0 once stored as the kernels' float32 (it was taken, and every score came out 0)
+    (dict(sm_scale=1e-46), ValueError, r"sm_scale must be > 0 as a float32 .* got 1e-46, which rounds to 0"),
     (dict(max_num_pages=-3), ValueError, "max_num_pages must be an int >= 1, got -3"),
     # said only "an int >= 1", while 48 named the powers of two (a fresh-user report)
     (dict(page_size=-64), ValueError, r"page_size must be a power of two in 1\.\.256, got -64"),

@@ -9,6 +9,7 @@ whatever the engine writes into its index tensors before the replay.
 """
 from __future__ import annotations
 
+import struct
 from typing import Optional
 
 import torch
@@ -78,6 +79,9 @@ class MlaDecodePlanner:
         self.sm_scale = require_real("MlaDecodePlanner: sm_scale", sm_scale, float32=True)
         if self.sm_scale <= 0:   # a planner is for a model: its scale is positive
             raise ValueError(f"MlaDecodePlanner: sm_scale must be > 0, got {sm_scale!r}")
+        if struct.unpack("f", struct.pack("f", self.sm_scale))[0] == 0.0:   # the kernels read a C float
+            raise ValueError(f"MlaDecodePlanner: sm_scale must be > 0 as a float32 (at least about "
+                             f"1.4e-45), got {sm_scale!r}, which rounds to 0")
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"MlaDecodePlanner: dtype must be a torch.dtype (torch.bfloat16 or "
                             f"torch.float8_e4m3fn), got {type(dtype).__name__} {dtype!r}")
