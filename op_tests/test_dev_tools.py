@@ -82,6 +82,24 @@ def test_command_line_errors_name_the_argument(capsys):
     with pytest.raises(SystemExit):
         ab.parse_args(["--case", "fp8 128,1 b1 c64"])
     assert "the following arguments are required: --arm" in capsys.readouterr().err
+    # nan made the time check always false (30 replays), -1 always true (a fresh-user report)
+    for bad in ("nan", "-1", "0", "inf", "x"):
+        with pytest.raises(SystemExit):
+            ab.parse_args(["--arm", "a=", "--case", "fp8 128,1 b1 c64", "--budget-s", bad])
+        assert "--budget-s: must be a" in capsys.readouterr().err
+
+
+def test_output_that_is_a_file_is_refused_before_any_run(tmp_path, capsys):
+    # it was found at the write, after the whole GPU run (a traceback, the table never printed)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for argv, tool in ((["--arm", "a=", "--case", "fp8 128,1 b1 c64", "-o", str(afile)], ab),
+                       (["--case", "fp8 128,1 b1 c64", "-o", str(afile / "sub")], pb)):
+        with pytest.raises(SystemExit) as e:
+            tool.parse_args(argv)
+        assert e.value.code == 2
+        assert "not a folder, so the results could not be saved" in capsys.readouterr().err
+    assert ab.output_folder_problem(tmp_path / "new" / "deeper") is None
 
 
 def test_command_line_parses(tmp_path):
@@ -122,6 +140,7 @@ def test_parse_case_values_and_label():
     ("fp8 0,1 b64 c10", "heads and qlen must be >= 1"),
     ("fp8 128,1 b64 p64 c10 x3", "unknown item 'x3'"),
     ("fp8 128,1 b64 b32 c10", "batch is given twice"),
+    ("fp8 128,1 b64 c10 varlen varlen", "varlen is given twice"),
     ("fp8 128,1 b0 c10", "batch must be >= 1"),
     ("fp8 128,1 bx c10", "'bx' must be bN"),
     ("fp8 128,1 c10 p64 varlen", "the batch (bN) is missing"),
@@ -326,6 +345,8 @@ def test_phase_budget_arguments(tmp_path, capsys):
             pb.parse_args(argv)
         assert e.value.code == 2
         assert words in capsys.readouterr().err
+    pb.parse_args(["--case", "fp8 128,1 b1 c64", "--calls", "100"])
+    assert "the timeline keeps the first 64 of the 100 calls" in capsys.readouterr().err
 
 
 def test_names_and_unflatten():
@@ -424,6 +445,16 @@ def test_timeline_summary_by_hand():
     assert pb.render_timeline(idle)[-1].startswith("| – | 0.00 | – |")
     with pytest.raises(ValueError, match="slot 0: a record of 5 marks, expected 6"):
         pb.timeline_summary([[[1, 2, 3, 4, 5]]])
+    # bad input named, not a bare TypeError or a negative time (a fresh-user report)
+    for bad, words in ((None, "a timeline is .slots..calls..marks. of integer ns, got NoneType"),
+                       ([[1, 2, 3, 4, 5, 6]], "slot 0 is not a list of calls"),
+                       ([[[1, 2, 3, 4, 5, float("nan")]]], "slot 0 call 0 has a mark that is not an integer"),
+                       ([[[1, 10, 3, 4, 5, 6]]], "slot 0 call 0: marks out of order"),
+                       ([[[0, 0, 0, 0, 0, 6]]], "marks out of order or the release missing")):
+        with pytest.raises(ValueError, match=words):
+            pb.timeline_summary(bad)
+    with pytest.raises(ValueError, match="timeline names must include .*; missing exit"):
+        pb.timeline_summary([[[1, 2, 3, 4, 5, 6]]], names=pb.LINE_MARKS[:5] + ("end",))
     lines = pb.render_timeline(tl)
     assert lines[-1].startswith("| 1.00 | ") and pb.render_timeline(None) == []
 

@@ -234,22 +234,33 @@ def test_reduce_grid_smaller_than_tile():
     check(b, out, lse, what="max_seqlen_q=1")
 
 
+# (a reason, the cap, tile specs (qlen, splits), heads)
+CAPPED = [
+    # 2 blocks, ~350 items each in two chunks of kThreads (256): split tiles spread over both,
+    # the last ones in the second; one warp a row
+    ("one warp a row", 2, [(1, 3) if (t % 37 == 5 or t >= 690) else (1, t % 2) for t in range(700)], 8),
+    # 1 block for 296 items, 2 q tokens (grid_y 2), ~9.6 pieces a tile: 2 warps share a row, so
+    # the merge's own barriers run inside the chunk loop
+    ("warps share a row", 2, [(2, 1 if t % 9 == 4 else 11) for t in range(72)], 16),
+]
+
+
 @gpu
-def test_reduce_few_blocks_stride_over_many_items(monkeypatch):
+@pytest.mark.parametrize("what,cap,specs,H", CAPPED, ids=[c[0] for c in CAPPED])
+def test_reduce_few_blocks_stride_over_many_items(monkeypatch, what, cap, specs, H):
     # The grid is at most one wave; each block strides over (tile, head group) items and reads
-    # their split counts kThreads (256) at a time. A build capped at 2 blocks gives each block
-    # ~350 items in two chunks: split tiles spread over both, the last ones in the second.
+    # their split counts kThreads (256) at a time. A build capped at `cap` blocks makes a few
+    # blocks walk many items in several chunks.
     from aiter_mla.jit import core
 
-    monkeypatch.setenv("AITER_MLA_EXTRA_NVCC_FLAGS", "-DAITER_MLA_REDUCE_MAX_BLOCKS=2")
+    monkeypatch.setenv("AITER_MLA_EXTRA_NVCC_FLAGS", f"-DAITER_MLA_REDUCE_MAX_BLOCKS={cap}")
     core.reset_state()
     try:
-        specs = [(1, 3) if (t % 37 == 5 or t >= 690) else (1, t % 2) for t in range(700)]
-        b = build(specs, 8, seed=12)
-        out, lse = poisoned(b["total_q"], 8)
+        b = build(specs, H, seed=12)
+        out, lse = poisoned(b["total_q"], H)
         run(b, out, lse)
         torch.cuda.synchronize()
-        check(b, out, lse, what="2 blocks striding")
+        check(b, out, lse, what=f"{cap} blocks striding, {what}")
     finally:
         monkeypatch.delenv("AITER_MLA_EXTRA_NVCC_FLAGS")
         core.reset_state()

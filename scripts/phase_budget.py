@@ -64,8 +64,10 @@ LAYOUT_FN, NAMES_FN, STAMPS_FN = ("aiter_mla_decode_stamp_layout", "aiter_mla_de
                                   "aiter_mla_decode_stamps")
 LINE_LAYOUT_FN, LINE_NAMES_FN, LINE_FN = ("aiter_mla_decode_timeline_layout", "aiter_mla_decode_timeline_names",
                                           "aiter_mla_decode_timeline")
-#: The timeline's marks (global-timer ns of thread 0), in the order the stamp build stores them.
+#: The timeline's marks (global-timer ns of thread 0), in the order the stamp build stores them,
+#: and the calls it keeps after a reset (mla_decode_stamps.cuh's kLineCalls).
 LINE_MARKS = ("entry", "waited", "first_work", "last_epilogue_start", "last_epilogue_end", "exit")
+LINE_CALLS = 64
 HERE = Path(__file__).resolve().parent
 
 
@@ -179,13 +181,30 @@ def timeline_summary(line, names=LINE_MARKS) -> dict | None:
     ``tail`` = latest ``exit`` - latest ``last_epilogue_start``, ``span`` = latest ``exit`` -
     R_c, and ``period`` = R_c+1 - R_c. Returns those per call and their medians over the calls
     that have them (None where none has), or None when no call was recorded.
-    ValueError when a record has the wrong number of marks.
+    ValueError when the layout is not [slots][calls][marks] of integers >= 0, a record has the
+    wrong number of marks, a recorded mark comes before an earlier one, or ``names`` lacks one of
+    :data:`LINE_MARKS`.
     """
+    missing = [m for m in LINE_MARKS if m not in names]
+    if missing:
+        raise ValueError(f"timeline names must include {', '.join(LINE_MARKS)}; missing {', '.join(missing)}")
     idx = {n: i for i, n in enumerate(names)}
+    layout = "a timeline is [slots][calls][marks] of integer ns"
+    if not isinstance(line, (list, tuple)):
+        raise ValueError(f"{layout}, got {type(line).__name__}")
     for s, slot in enumerate(line):
-        for rec in slot:
+        if not isinstance(slot, (list, tuple)) or any(not isinstance(rec, (list, tuple)) for rec in slot):
+            raise ValueError(f"{layout}: slot {s} is not a list of calls, each a list of marks")
+        for c, rec in enumerate(slot):
             if len(rec) != len(names):
                 raise ValueError(f"slot {s}: a record of {len(rec)} marks, expected {len(names)}")
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in rec):
+                raise ValueError(f"{layout}: slot {s} call {c} has a mark that is not an integer >= 0: {list(rec)}")
+            # recorded marks (0: not recorded) in the order the kernel passes them
+            seen = [rec[idx[m]] for m in LINE_MARKS if rec[idx[m]] > 0]
+            if seen != sorted(seen) or (rec[idx["exit"]] > 0 and rec[idx["waited"]] == 0):
+                raise ValueError(f"slot {s} call {c}: marks out of order or the release missing "
+                                 f"({dict(zip(names, rec))})")
     ncalls = max((len(slot) for slot in line), default=0)
     calls = []
     for c in range(ncalls):
@@ -474,6 +493,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(msg if msg.startswith("--templates") else f"--templates {where!r}: {msg}")
     if args.warmup < 0:
         p.error(f"--warmup must be >= 0, got {args.warmup}")
+    if args.output is not None:
+        problem = ab.output_folder_problem(args.output)
+        if problem:
+            p.error(problem)
+    if args.calls > LINE_CALLS:
+        print(f"phase_budget.py: note: the timeline keeps the first {LINE_CALLS} of the {args.calls} calls "
+              f"(the stamp sums take them all)", file=sys.stderr)
     return args
 
 

@@ -207,6 +207,8 @@ def parse_case(text: str) -> Case:
     varlen = False
     for tok in rest:
         if tok == "varlen":
+            if varlen:
+                raise SpecError(f"--case {text!r}: varlen is given twice")
             varlen = True
             continue
         key = tok[:1]
@@ -275,6 +277,28 @@ def round_orders(n_arms: int, rounds: int) -> list[list[int]]:
 from aiter_mla.bench.commands import SEED_MAX, positive_int, seed_value  # noqa: E402  (the bench's own argument types)
 
 
+def output_folder_problem(path: Path) -> str | None:
+    """Why ``-o PATH`` could not take the results (a file where the folder or one of its parents
+    should be), or None. Checked before any build or timing, so a run's measurements are not
+    lost at the write (shared with scripts/phase_budget.py)."""
+    for q in (path, *path.parents):
+        if q.exists() and not q.is_dir():
+            what = "is" if q == path else f"has a file, {str(q)!r}, where a folder should be in its path; it"
+            return f"-o {str(path)!r} {what} not a folder, so the results could not be saved"
+    return None
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}") from None
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return v
+
+
 def add_case_arguments(p: argparse.ArgumentParser) -> None:
     """--case and --seed (shared with scripts/phase_budget.py)."""
     p.add_argument("--case", action="append", required=True, metavar="CASE",
@@ -299,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output folder for ab.json and ab.md (default ./template_ab_out)")
     p.add_argument("--check-requests", type=positive_int, default=2,
                    help="requests checked against the float64 reference in round 0 (default 2)")
-    p.add_argument("--budget-s", type=float, default=1.0,
+    p.add_argument("--budget-s", type=positive_seconds, default=1.0,
                    help="wall seconds one timing may take before it stops at 10 replays (default 1.0)")
     p.add_argument("-j", "--jobs", type=positive_int, default=min(8, os.cpu_count() or 1),
                    help="parallel builds (default min(8, CPUs))")
@@ -315,6 +339,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.case = parse_cases(args.case)
     except SpecError as exc:
         p.error(str(exc))
+    problem = output_folder_problem(args.output)
+    if problem:
+        p.error(problem)
     return args
 
 

@@ -17,7 +17,9 @@
 // The timeline: thread 0 also reads the global timer (ns, one clock for every SM) at its entry,
 // the end of the PDL wait, the end of its first work's set-up, the start and end of its last
 // epilogue and its exit, and stores them per call in aiter_mla_decode_timeline's array
-// [slot][call][mark] (the first kLineCalls launches since the last reset), so that a call's
+// [slot][call][mark] (the first kLineCalls launches since the last reset; the call index is
+// counted per slot, so it lines the slots up only while every launch has the same grid, as in
+// phase_budget.py's one case at a time), so that a call's
 // fixed part can be placed: the previous grid's end to this one's release, the fill, the spread
 // of the lists' ends, the epilogue.
 #pragma once
