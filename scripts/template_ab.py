@@ -278,14 +278,13 @@ from aiter_mla.bench.commands import SEED_MAX, positive_int, seed_value  # noqa:
 
 
 def output_folder_problem(path: Path) -> str | None:
-    """Why ``-o PATH`` could not take the results (a file where the folder or one of its parents
-    should be), or None. Checked before any build or timing, so a run's measurements are not
-    lost at the write (shared with scripts/phase_budget.py)."""
-    for q in (path, *path.parents):
-        if q.exists() and not q.is_dir():
-            what = "is" if q == path else f"has a file, {str(q)!r}, where a folder should be in its path; it"
-            return f"-o {str(path)!r} {what} not a folder, so the results could not be saved"
-    return None
+    """Why ``-o PATH`` could not take the results, or None; checked before any build or timing,
+    so a run's measurements are not lost at the write (as ``aiter-mla bench -o``; shared with
+    scripts/phase_budget.py)."""
+    from aiter_mla.paths import unmakeable_folder_reason
+
+    reason = unmakeable_folder_reason(path)
+    return f"-o {path}: {reason}, so the results could not be saved" if reason else None
 
 
 def positive_seconds(text: str) -> float:
