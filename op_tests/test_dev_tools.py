@@ -82,6 +82,11 @@ def test_command_line_errors_name_the_argument(capsys):
     with pytest.raises(SystemExit):
         ab.parse_args(["--case", "fp8 128,1 b1 c64"])
     assert "the following arguments are required: --arm" in capsys.readouterr().err
+    # a bad git ref was found only after the GPU check (a fresh-user report)
+    if shutil.which("git") is not None:
+        with pytest.raises(SystemExit):
+            ab.parse_args(["--arm", "a=git:no-such-ref-anywhere", "--case", "fp8 128,1 b1 c64"])
+        assert "--arm a=git:no-such-ref-anywhere: git knows no commit 'no-such-ref-anywhere'" in capsys.readouterr().err
     # nan made the time check always false (30 replays), -1 always true (a fresh-user report)
     for bad in ("nan", "-1", "0", "inf", "x"):
         with pytest.raises(SystemExit):

@@ -336,6 +336,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     try:
         args.arm = parse_arms(args.arm)
         args.case = parse_cases(args.case)
+        for arm in args.arm:   # before any GPU check or build (folders: main, before the GPU check)
+            check_git_ref(arm)
     except SpecError as exc:
         p.error(str(exc))
     problem = output_folder_problem(args.output)
@@ -366,6 +368,18 @@ def resolve_templates_dir(where: str, arm_name: str = "", label: str | None = No
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+
+
+def check_git_ref(arm: Arm, repo: Path = REPO) -> None:
+    """SpecError when a ``git:`` arm's ref names no commit of ``repo`` (a cheap check before any
+    GPU work; the worktree itself is made later, in :func:`arm_folders`). Other arms pass."""
+    if arm.kind == "git":
+        try:
+            found = _git(repo, "rev-parse", "--verify", "--quiet", f"{arm.where}^{{commit}}").returncode == 0
+        except OSError as exc:
+            raise SpecError(f"--arm {arm.name}=git:{arm.where}: git could not run ({exc})") from None
+        if not found:
+            raise SpecError(f"--arm {arm.name}=git:{arm.where}: git knows no commit {arm.where!r} in {repo}")
 
 
 @contextlib.contextmanager
