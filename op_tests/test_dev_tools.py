@@ -104,7 +104,7 @@ def test_output_that_is_a_file_is_refused_before_any_run(tmp_path, capsys):
             tool.parse_args(argv)
         assert e.value.code == 2
         assert "not a folder, so the results could not be saved" in capsys.readouterr().err
-    assert ab.output_folder_problem(tmp_path / "new" / "deeper") is None
+    assert ab.output_folder_message(tmp_path / "new" / "deeper") is None
 
 
 def test_command_line_parses(tmp_path):

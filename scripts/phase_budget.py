@@ -68,6 +68,8 @@ LINE_LAYOUT_FN, LINE_NAMES_FN, LINE_FN = ("aiter_mla_decode_timeline_layout", "a
 #: and the calls it keeps after a reset (mla_decode_stamps.cuh's kLineCalls).
 LINE_MARKS = ("entry", "waited", "first_work", "last_epilogue_start", "last_epilogue_end", "exit")
 LINE_CALLS = 64
+#: The timeline summary's figures per call, in the order they are printed.
+LINE_FIGURES = ("gap", "release_spread", "fill", "loop", "ends_spread", "epilogue", "tail", "span", "period")
 HERE = Path(__file__).resolve().parent
 
 
@@ -174,8 +176,9 @@ def timeline_summary(line, names=LINE_MARKS) -> dict | None:
     (the previous grid's last CTA to this grid's release; calls >= 1 only), ``release_spread``
     = latest - earliest ``waited``; over the CTAs that ran a work (``first_work`` and
     ``last_epilogue_start`` set; ``working_ctas``; the five figures are left out of a call with
-    none): ``fill`` = median ``first_work`` - R_c (the first work's
-    record, Q and first KV tiles), ``loop`` = median ``last_epilogue_start`` - median
+    none): ``fill`` = median ``first_work`` - R_c (the first work set up as thread 0 sees it:
+    after its Q in ``alternating``, after the work record in ``score_pv``, whose thread 0 is a PV
+    warpgroup), ``loop`` = median ``last_epilogue_start`` - median
     ``first_work``, ``ends_spread`` = latest - median ``last_epilogue_start`` (the slowest
     list's lag), ``epilogue`` = median of (``last_epilogue_end`` - ``last_epilogue_start``),
     ``tail`` = latest ``exit`` - latest ``last_epilogue_start``, ``span`` = latest ``exit`` -
@@ -241,9 +244,8 @@ def timeline_summary(line, names=LINE_MARKS) -> dict | None:
             row["gap"] = (release - max(col(calls[c - 1], "exit"))) / 1e3
             per_call[-1]["period"] = (release - min(col(calls[c - 1], "waited"))) / 1e3
         per_call.append(row)
-    keys = ("gap", "release_spread", "fill", "loop", "ends_spread", "epilogue", "tail", "span", "period")
     medians = {k: (med([r[k] for r in per_call if k in r]) if any(k in r for r in per_call) else None)
-               for k in keys}
+               for k in LINE_FIGURES}
     return {"calls": len(per_call), "median_us": medians, "per_call_us": per_call}
 
 
@@ -252,13 +254,12 @@ def render_timeline(tl: dict | None) -> list[str]:
     if not tl:
         return []
     m = tl["median_us"]
-    heads = ("gap", "release_spread", "fill", "loop", "ends_spread", "epilogue", "tail", "span", "period")
     return [f"Timeline (global timer, CTA thread 0, medians over {tl['calls']} calls, µs): gap = the "
             "previous grid's last exit to this grid's release; fill = release to the median first "
             "work set up; ends_spread = the latest list's epilogue start after the median one; "
             "tail = the latest epilogue start to the last exit; period = release to release.", "",
-            "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads),
-            "| " + " | ".join(_f(m[k], ".2f") for k in heads) + " |"]
+            "| " + " | ".join(LINE_FIGURES) + " |", "|" + "---|" * len(LINE_FIGURES),
+            "| " + " | ".join(_f(m[k], ".2f") for k in LINE_FIGURES) + " |"]
 
 
 def _f(v, spec):
@@ -494,7 +495,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.warmup < 0:
         p.error(f"--warmup must be >= 0, got {args.warmup}")
     if args.output is not None:
-        problem = ab.output_folder_problem(args.output)
+        problem = ab.output_folder_message(args.output)
         if problem:
             p.error(problem)
     if args.calls > LINE_CALLS:

@@ -274,17 +274,8 @@ def round_orders(n_arms: int, rounds: int) -> list[list[int]]:
     return [[(r + i) % n_arms for i in range(n_arms)] for r in range(rounds)]
 
 
-from aiter_mla.bench.commands import SEED_MAX, positive_int, seed_value  # noqa: E402  (the bench's own argument types)
-
-
-def output_folder_problem(path: Path) -> str | None:
-    """Why ``-o PATH`` could not take the results, or None; checked before any build or timing,
-    so a run's measurements are not lost at the write (as ``aiter-mla bench -o``; shared with
-    scripts/phase_budget.py)."""
-    from aiter_mla.paths import unmakeable_folder_reason
-
-    reason = unmakeable_folder_reason(path)
-    return f"-o {path}: {reason}, so the results could not be saved" if reason else None
+from aiter_mla.bench.commands import (  # noqa: E402  (the bench's own argument types and -o check)
+    SEED_MAX, output_folder_message, positive_int, seed_value)
 
 
 def positive_seconds(text: str) -> float:
@@ -340,7 +331,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             check_git_ref(arm)
     except SpecError as exc:
         p.error(str(exc))
-    problem = output_folder_problem(args.output)
+    problem = output_folder_message(args.output)
     if problem:
         p.error(problem)
     return args

@@ -211,12 +211,14 @@ def _tag_message(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _output_message(args: argparse.Namespace) -> str | None:
-    """Why ``-o`` could not take the results, or None (checked before a GPU sweep, as the tag)."""
+def output_folder_message(output) -> str | None:
+    """Why ``-o OUTPUT`` could not take the results, or None; checked before a GPU sweep (as the
+    tag), so its measurements are not lost at the write (also scripts/template_ab.py's and
+    phase_budget.py's ``-o``)."""
     from ..paths import unmakeable_folder_reason
 
-    reason = unmakeable_folder_reason(args.output)
-    return f"-o {args.output}: {reason}, so the results could not be saved" if reason else None
+    reason = unmakeable_folder_reason(output)
+    return f"-o {output}: {reason}, so the results could not be saved" if reason else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -236,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.compile_only:
         return compile_only(args)   # writes nothing into -o
-    message = _output_message(args)
+    message = output_folder_message(args.output)
     if message:
         print(f"aiter-mla bench: error: {message}", file=sys.stderr)
         return 2
