@@ -155,6 +155,9 @@ def _parse_bytes(text: str) -> int:
     elif t.endswith("b"):
         t = t[:-1]
     try:
+        # ASCII digits only: int() and float() would also take '1_000' and full-width digits
+        if not re.fullmatch(r"[0-9]+(\.[0-9]*)?[kmg]?|\.[0-9]+[kmg]?", t):
+            raise ValueError
         if t and t[-1] in mult:
             value = float(t[:-1]) * mult[t[-1]]
             if not math.isfinite(value):   # inf, nan, 1e400: int() would raise OverflowError
