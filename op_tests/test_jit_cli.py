@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from aiter_mla.cli import main
-from aiter_mla.jit import commands, core
+from aiter_mla.jit import core
 from conftest import deny_write_access
 
 FAKE = ["--param", "arch=sm_90a", "--param", "n=3", "--param", "flavor=b"]
@@ -201,14 +201,9 @@ def test_clear_module_and_gc(fake_jit, capsys):
     assert main(["jit", "gc", "--max-bytes", "1K"]) == 0
     assert "removed 2 entries" in capsys.readouterr().out
     assert list((fake_jit.root / "entries").iterdir()) == []
-    # int() / float() take these too; a size is ASCII digits (a fresh-user report)
-    for bad in ("lots", "1_000", "\uff11\uff12", "1e3", "-5", "5Mbbb", "inf", "1.5.2G"):
-        with pytest.raises(SystemExit) as ei:  # argparse usage error
-            main(["jit", "gc", "--max-bytes", bad])
-        assert ei.value.code == 2
-        assert "is not a size" in capsys.readouterr().err or bad == "-5"
-    for good, n in (("500", 500), ("2K", 2048), ("1.5k", 1536), ("3MiB", 3 << 20), ("1GB", 1 << 30)):
-        assert commands._parse_bytes(good) == n
+    with pytest.raises(SystemExit) as ei:  # argparse usage error
+        main(["jit", "gc", "--max-bytes", "lots"])
+    assert ei.value.code == 2
 
 
 def test_info_text_and_json(fake_jit, capsys):
@@ -754,7 +749,9 @@ def test_max_bytes_units(capsys):
 
     assert [_parse_bytes(t) for t in ("500", "500B", "5M", "5MB", "5MiB", "1.5G")] == [
         500, 500, 5 << 20, 5 << 20, 5 << 20, 3 << 29]
-    for bad in ("5Mbbb", "5iii", "5ib"):   # one unit word at most ('5Mbbb' was 5 MiB: fresh-user report)
+    # one unit word at most ('5Mbbb' was 5 MiB), and ASCII digits only: int() / float() also
+    # take '1_000' and full-width digits, lower() turns the Kelvin sign into 'k' (fresh-user reports)
+    for bad in ("5Mbbb", "5iii", "5ib", "1_000", "\uff11\uff12", "1\u212a", "1e3", "-5", "inf", "1.5.2G"):
         with pytest.raises(SystemExit) as exc:
             main(["jit", "gc", "--max-bytes", bad])
         assert exc.value.code == 2

@@ -149,6 +149,8 @@ def _parse_bytes(text: str) -> int:
     """A byte count >= 0: digits, or a finite number with a K / M / G suffix (powers of 1024),
     optionally followed by B or iB (500M, 500MB, 500MiB)."""
     mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    if not text.isascii():   # before lower(): the Kelvin sign lowers to 'k'
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 500000000, 500M, 2G)")
     t = text.strip().lower()
     if t.endswith("ib") and len(t) > 2 and t[-3] in mult:   # one unit word at most: '5Mbbb' is not a size
         t = t[:-2]
@@ -160,7 +162,7 @@ def _parse_bytes(text: str) -> int:
             raise ValueError
         if t and t[-1] in mult:
             value = float(t[:-1]) * mult[t[-1]]
-            if not math.isfinite(value):   # inf, nan, 1e400: int() would raise OverflowError
+            if not math.isfinite(value):   # 300+ digits: int() would raise OverflowError
                 raise ValueError
             n = int(value)
         else:
@@ -168,8 +170,6 @@ def _parse_bytes(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size "
                                          f"(e.g. 500000000, 500M, 2G)") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is negative: a size is >= 0")
     return n
 
 
