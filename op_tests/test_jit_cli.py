@@ -168,6 +168,9 @@ def test_render_to_file_needs_no_toolchain(fake_jit, tmp_path, monkeypatch, caps
     out = tmp_path / "out.cu"
     assert main(["jit", "render", "fake", *FAKE, "-o", str(out)]) == 0
     assert "n=3 flavor=b" in out.read_text()
+    # a folder is a bad flag value (2), like bench -o FILE (a fresh-user report: it exited 1)
+    assert main(["jit", "render", "fake", *FAKE, "-o", str(tmp_path)]) == 2
+    assert "expected a file path, got a folder" in capsys.readouterr().err
     monkeypatch.delenv("AITER_MLA_CONFIG")
     monkeypatch.delenv("AITER_MLA_TEMPLATES_DIR")
     assert main(["jit", "render", "convert_fp8", "--param", "arch=gfx950",
@@ -561,6 +564,22 @@ def test_substituted_params_take_an_exclusions_instead(fake_jit, capsys):
     got = {(v["kv_dtype"], v["block_m"], v["mainloop"]) for _, v in _variants(args, real)}
     assert ("fp8", 128, "tile_pairs") in got and ("fp8", 64, "tile_pairs") in got, got
     assert not any(loop == "score_pv" for _, _, loop in got), got
+
+
+def test_a_refused_default_is_noted_once(capsys):
+    """Two defaults that the given values make one refused variant get one 'skipped' note (it
+    was printed once per default: a fresh-user report)."""
+    from aiter_mla.jit.commands import _variants
+    from aiter_mla.jit.config import load_config
+    from aiter_mla import paths
+    import argparse
+    real = load_config(paths.JIT_CONFIG_PATH)
+    args = argparse.Namespace(all=False, module="mla_decode", param=["mainloop=alternating"], arch=None,
+                              from_file=None)
+    got = _variants(args, real)
+    assert got and all(v["kv_dtype"] == "bf16" for _, v in got), got
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("skipped ")]
+    assert notes and len(notes) == len(set(notes)), notes
 
 
 def test_malformed_disable_jit_fails_every_command(fake_jit, monkeypatch, capsys):

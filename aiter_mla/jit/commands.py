@@ -332,11 +332,14 @@ def _variants(args, cfg) -> list[tuple[str, dict]]:
         except ParamError as exc:
             alt = m.alternative(v)
             if alt is None or any(alt[p] != given[p] for p in given):
-                refused.append((v, exc))
+                ident = tuple(sorted(v.items()))
+                if ident not in seen:
+                    seen.add(ident)
+                    refused.append((v, exc))
                 continue
             v = alt
         ident = tuple(sorted(v.items()))
-        if ident in seen:
+        if ident in seen:   # two defaults the given values make one (also when refused: one note)
             continue
         seen.add(ident)
         try:
@@ -411,6 +414,10 @@ def cmd_render(args) -> int:
         given["arch"] = args.arch
     given.setdefault("arch", "sm_90a")   # as jit build: the lab GPU's arch unless one is named
     params = m.check_params(m.coerce_params(given))
+    if args.output and args.output != "-" and os.path.isdir(args.output):   # a bad flag value: 2
+        print(f"aiter-mla jit render: error: -o {args.output}: expected a file path, got a folder",
+              file=sys.stderr)
+        return 2
     text = render(m, params, templates_dir()).text
     if args.output and args.output != "-":
         try:
