@@ -149,16 +149,15 @@ def _parse_bytes(text: str) -> int:
     """A byte count >= 0: digits, or a finite number with a K / M / G suffix (powers of 1024),
     optionally followed by B or iB (500M, 500MB, 500MiB)."""
     mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    if not text.isascii():   # before lower(): the Kelvin sign lowers to 'k'
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 500000000, 500M, 2G)")
     t = text.strip().lower()
     if t.endswith("ib") and len(t) > 2 and t[-3] in mult:   # one unit word at most: '5Mbbb' is not a size
         t = t[:-2]
     elif t.endswith("b"):
         t = t[:-1]
     try:
-        # ASCII digits only: int() and float() would also take '1_000' and full-width digits
-        if not re.fullmatch(r"[0-9]+(\.[0-9]*)?[kmg]?|\.[0-9]+[kmg]?", t):
+        # ASCII digits only: int() and float() would also take '1_000' and full-width digits,
+        # and lower() turns the Kelvin sign into 'k' (so the given text is checked too)
+        if not text.isascii() or not re.fullmatch(r"[0-9]+(\.[0-9]*)?[kmg]?|\.[0-9]+[kmg]?", t):
             raise ValueError
         if t and t[-1] in mult:
             value = float(t[:-1]) * mult[t[-1]]
@@ -324,7 +323,7 @@ def _variants(args, cfg) -> list[tuple[str, dict]]:
     # change nothing the user gave (mainloop=score_pv with mask=causal builds tile_pairs, the
     # loop decode picks there), else it is skipped with a note (e.g. mainloop=tile_pairs into a
     # bf16 default); only when every one is refused does the first refusal become the error.
-    out, seen, refused = [], set(), []
+    out, seen, refused = [], set(), {}   # refused: one note per distinct variant
     for d in m.defaults_for(given.get("arch")):
         v = {**d, **given}
         try:
@@ -332,25 +331,22 @@ def _variants(args, cfg) -> list[tuple[str, dict]]:
         except ParamError as exc:
             alt = m.alternative(v)
             if alt is None or any(alt[p] != given[p] for p in given):
-                ident = tuple(sorted(v.items()))
-                if ident not in seen:
-                    seen.add(ident)
-                    refused.append((v, exc))
+                refused.setdefault(tuple(sorted(v.items())), (v, exc))
                 continue
             v = alt
         ident = tuple(sorted(v.items()))
-        if ident in seen:   # two defaults the given values make one (also when refused: one note)
+        if ident in seen:
             continue
         seen.add(ident)
         try:
             m.check_params(v)
         except ParamError as exc:
-            refused.append((v, exc))
+            refused.setdefault(ident, (v, exc))
             continue
         out.append((m.name, v))
     if refused and not out:
-        raise refused[0][1]
-    for v, exc in refused:
+        raise next(iter(refused.values()))[1]
+    for v, exc in refused.values():
         print(f"skipped {describe(m.name, v)}: {exc}", file=sys.stderr)
     return out
 
