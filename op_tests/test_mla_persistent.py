@@ -1392,6 +1392,20 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
         aiter_mla.mla_decode_fwd(q, kv[..., :0], o, qo, kvi, idx, last, 1, page_size=16)
     with pytest.raises(ValueError, match="softmax_scale must be a finite number, got inf"):
         aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, wis, 1, float("inf"), split_o, split_l, o)
+    # outputs the kernels write in 16-byte units must start 16-byte aligned: a contiguous view one
+    # element past an aligned start was a misaligned-address fault on the device (bf16 rows by
+    # 16-byte stores, fp8 rows by bulk copies), named before the device instead
+    o_odd = torch.empty(o.numel() + 1, dtype=o.dtype)[1:].view(o.shape)
+    with pytest.raises(ValueError, match=r"^o must start at a 16-byte aligned address .* = 2$"):
+        aiter_mla.mla_decode_fwd(q, kv, o_odd, qo, kvi, idx, last, 1, page_size=16)
+    with pytest.raises(ValueError, match=r"^final_output must start at a 16-byte aligned address .* = 2$"):
+        aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, wis, 1, 0.1, split_o, split_l, o_odd)
+    split_odd = torch.empty(split_o.numel() + 1)[1:].view(split_o.shape)
+    with pytest.raises(ValueError, match=r"^split_output must start at a 16-byte aligned address .* = 4$"):
+        aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, wis, 1, 0.1, split_odd, split_l, o)
+    with pytest.raises(ValueError, match=r"^mla_reduce_v1: partial_output must be a 16-byte aligned start .* "
+                                         r"got data_ptr\(\) % 16 = 4$"):
+        aiter_mla.mla_reduce_v1(split_odd.view(2, 16, 512), split_l.view(2, 16), qo, None, qo, 1, o)
 
 
 @pytest.mark.parametrize("flag", ["return_lse", "return_logits", "intra_batch_mode"])

@@ -311,6 +311,15 @@ def _check_tensor(t, name: str, dtype, device: torch.device, dim: Optional[int] 
         raise ValueError(f"{name} must be contiguous (shape {tuple(t.shape)}, stride {t.stride()})")
 
 
+def _check_aligned(t: torch.Tensor, name: str) -> None:
+    """An output the kernels write in 16-byte units (bf16 rows by 16-byte stores or bulk copies,
+    fp32 partial rows read back as float4) must start 16-byte aligned: a misaligned start would
+    be a misaligned-address fault on the device, so it is refused here."""
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name} must start at a 16-byte aligned address (the kernels write its rows "
+                         f"in 16-byte units), got data_ptr() % 16 = {t.data_ptr() % 16}")
+
+
 def _check_scale(t, name: str, device: torch.device) -> None:
     if t is None:
         return
@@ -399,6 +408,7 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
     if tuple(final_output.shape) != (total_q, num_heads, V_HEAD_DIM):
         raise ValueError(f"final_output must be [{total_q}, {num_heads}, {V_HEAD_DIM}] (query rows, "
                          f"heads, V dim), got {tuple(final_output.shape)}")
+    _check_aligned(final_output, "final_output")
     for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr),
                     ("kv_page_indices", kv_page_indices), ("kv_last_page_lens", kv_last_page_lens),
                     ("work_indptr", work_indptr)):
@@ -412,6 +422,7 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
     if split_output.numel() % (num_heads * V_HEAD_DIM) != 0 or split_output.shape[-1] != V_HEAD_DIM:
         raise ValueError(f"split_output must be [N, 1, {num_heads}, {V_HEAD_DIM}] fp32, got "
                          f"{tuple(split_output.shape)}")
+    _check_aligned(split_output, "split_output")
     n_rows = split_output.numel() // V_HEAD_DIM
     if split_lse.numel() != n_rows:
         raise ValueError(f"split_lse must hold one value per split_output row ({n_rows}; shape "
@@ -608,11 +619,11 @@ def _key(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, w
 
 def _is_warm(p: Optional[Prepared], q, o) -> bool:
     """Whether the looked-up launch ``p`` serves this call: found, checked against the plan
-    record that is current, and this call's q / o contiguous and aligned (what a key cannot
+    record that is current, and this call's q / o contiguous and 16-byte aligned (what a key cannot
     hold). A bad value an earlier kernel found is the entry point's to report
     (``Prepared.fail``)."""
     return (p is not None and metadata._plans.get(p.plan_key) is p.plan and q.is_contiguous()
-            and o.is_contiguous() and not q.data_ptr() & 15)
+            and o.is_contiguous() and not q.data_ptr() & 15 and not o.data_ptr() & 15)
 
 
 @torch.library.custom_op(
@@ -645,9 +656,9 @@ def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, k
     """Persistent split-KV MLA decode: runs every work of the schedule (AITER ``hk_mla_decode_fwd``).
 
     Args:
-        query: [total_q, H, 576] fp8 e4m3fn or bf16, contiguous; (H, max_seqlen_q) in
-            :func:`is_supported_shape`.
-        kv_buffer: [num_pages, page_size, 1, 576], same dtype as query, contiguous; page_size is
+        query: [total_q, H, 576] fp8 e4m3fn or bf16, contiguous, 16-byte aligned start; (H,
+            max_seqlen_q) in :func:`is_supported_shape`.
+        kv_buffer: [num_pages, page_size, 1, 576], same dtype as query, contiguous, 16-byte aligned; page_size is
             read from ``kv_buffer.shape[1]`` (a power of two 1..256). V = first 512 columns.
         qo_indptr, kv_indptr: [B+1] int32 (kv_indptr in pages); used by the checks only, the
             kernel addresses everything through the work records.
@@ -657,10 +668,11 @@ def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, k
         work_info_set: [num_works, 8] int32 work records (:mod:`aiter_mla.work_info`).
         max_seqlen_q: int, the planned q length per batch (batches may be shorter: ragged).
         softmax_scale: float, applied to q.k of the real values.
-        split_output: [N, 1, H, 512] fp32; split works write partial rows
+        split_output: [N, 1, H, 512] fp32, 16-byte aligned start; split works write partial rows
             (partial_qo_loc + t) * H + h (normalised partial O).
         split_lse: [N, 1, H, 1] fp32; split works' partial LSE (natural log; -inf: no key).
-        final_output: [total_q, H, 512] bf16; unsplit works write their rows here.
+        final_output: [total_q, H, 512] bf16, contiguous, 16-byte aligned start; unsplit works
+            write their rows here.
         q_scale, kv_scale: optional [1] fp32 per-tensor scales (real = stored x scale); None = 1.
         final_lse: optional [total_q, H] fp32; unsplit works write their LSE (+inf: no key).
 
@@ -748,7 +760,8 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     Args:
         q: [total_q, H, 576] fp8 e4m3fn or bf16, contiguous. kv_buffer: [num_pages, page_size,
             1, 576], same dtype, contiguous (page_size a power of two 1..256). o: [total_q, H,
-            512] bf16 output, contiguous.
+            512] bf16 output, contiguous. q, kv_buffer, o and logits start 16-byte aligned (the
+            kernels move their rows in 16-byte units; torch's allocations are).
         qo_indptr: [B+1] int32, q tokens, starting at 0 and ending at total_q (B >= 1).
         kv_indptr: [B+1] int32, pages into ``kv_indices``, starting at 0, non-decreasing.
         kv_indices: [>= kv_indptr[-1]] int32 physical page ids, each in [0, num_pages).
@@ -907,6 +920,7 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
     if tuple(o.shape) != (total_q, num_heads, V_HEAD_DIM):
         raise ValueError(f"o must be [{total_q}, {num_heads}, {V_HEAD_DIM}] (q's rows and heads, the V dim), "
                          f"got {tuple(o.shape)}")
+    _check_aligned(o, "o")
     _check_batch_layout(qo_indptr, kv_indptr, kv_last_page_lens)
     if final_lse is not None and not return_lse:
         raise ValueError("final_lse is given but return_lse is False: pass return_lse=True")
@@ -954,6 +968,7 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
             if tuple(t.shape) != shape:
                 raise ValueError(f"{name} must be {list(shape)} (reduce_partial_map entries x "
                                  f"max_seqlen_q, 1, heads, ...), got {tuple(t.shape)}")
+        _check_aligned(logits, "logits")
     else:
         logits = torch.empty(split_shape, dtype=torch.float32, device=device)
         attn_lse = torch.empty((n_partial, 1, num_heads, 1), dtype=torch.float32, device=device)

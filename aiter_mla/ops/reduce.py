@@ -75,6 +75,9 @@ def _check(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_
     if (partial_output.dim() not in (3, 4) or po_shape[-1] != V_HEAD_DIM
             or (partial_output.dim() == 4 and po_shape[1] != 1)):
         _fail("partial_output", f"[N, H, {V_HEAD_DIM}] or [N, 1, H, {V_HEAD_DIM}]", po_shape)
+    if partial_output.data_ptr() % 16:   # its rows are read as float4
+        _fail("partial_output", "a 16-byte aligned start (rows are read in 16-byte units)",
+              f"data_ptr() % 16 = {partial_output.data_ptr() % 16}")
     H = po_shape[-2]
     if H < 1:
         _fail("partial_output", "at least 1 head (size(-2))", po_shape)
@@ -221,7 +224,8 @@ def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map,
     There is no cap on the number of splits per tile.
 
     Args:
-        partial_output: float32 contiguous [N, 1, H, 512] or [N, H, 512]; H = size(-2).
+        partial_output: float32 contiguous [N, 1, H, 512] or [N, H, 512], 16-byte aligned start
+            (rows are read as float4); H = size(-2).
         partial_lse: float32 contiguous, N*H values ([N, 1, H, 1] or [N, H]), natural log.
         reduce_indptr: int32 [tiles + 1].
         reduce_final_map: int32 [tiles, 2] (q_start, q_end) per tile, or None: then (AITER) the
