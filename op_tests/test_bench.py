@@ -474,6 +474,16 @@ def test_no_gpu_exits_2_with_one_line(monkeypatch, capsys, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_unsupported_shape_is_named_before_the_gpu_check(monkeypatch, capsys, tmp_path):
+    """-n 129,1 without a GPU said only "no CUDA GPU visible" (--compile-only named the shape): the
+    shape is an argument error, named first (fresh-user trial)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rc = main(["bench", "-n", "129,1", "-o", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "(num_heads, max_seqlen_q) = (129, 1)" in err and "no CUDA GPU" not in err
+
+
 def test_bad_flags_are_rejected(capsys):
     for argv in (["bench", "-n", "128"], ["bench", "--page-size", "48"], ["bench", "-b", "0"]):
         with pytest.raises(SystemExit) as e:
@@ -734,7 +744,7 @@ def test_bad_arguments_exit_2_before_building(monkeypatch, capsys):
     from aiter_mla.bench import commands
 
     built = []
-    monkeypatch.setattr(commands, "compile_only", lambda args: built.append(args) or 0)
+    monkeypatch.setattr(commands, "compile_only", lambda args, variants: built.append(args) or 0)
     parser = argparse.ArgumentParser()
     commands.add_arguments(parser)
     for argv, needle in [(["-d", "bf16", "-kvd", "fp8"], "-d bf16 with -kvd fp8: the kernels take Q and KV of one dtype"),
@@ -755,7 +765,7 @@ def test_bad_arguments_exit_2_before_building(monkeypatch, capsys):
     assert commands.run(parser.parse_args(["--compile-only", "-d", "bf16"])) == 0
     assert built[-1].kv_dtype == "bf16"
     # so is an -o that cannot be made, but only for a sweep: --compile-only writes nothing there
-    monkeypatch.setattr(commands, "compile_only", lambda args: 0)
+    monkeypatch.setattr(commands, "compile_only", lambda args, variants: 0)
     assert commands.run(parser.parse_args(["--compile-only", "-o", "/proc/version/x"])) == 0
     assert commands.run(parser.parse_args(["-o", "/proc/version/x"])) == 2
     assert "-o /proc/version/x: /proc/version exists and is not a folder" in capsys.readouterr().err
@@ -769,7 +779,7 @@ def test_bench_jobs_default_to_max_jobs(monkeypatch, capsys):
     from aiter_mla.bench import commands
 
     seen = []
-    monkeypatch.setattr(commands, "compile_only", lambda args: seen.append(args.jobs) or 0)
+    monkeypatch.setattr(commands, "compile_only", lambda args, variants: seen.append(args.jobs) or 0)
     parser = argparse.ArgumentParser()
     commands.add_arguments(parser)
     monkeypatch.setenv("MAX_JOBS", "3")

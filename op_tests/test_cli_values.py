@@ -42,7 +42,7 @@ def test_bad_values_never_give_a_traceback(path, opt, tmp_path, monkeypatch, cap
     # is stood in for (after all of run()'s checks), here and on CPU machines alike.
     sweeps = []
     monkeypatch.setattr(bench_commands, "no_gpu_reason", lambda: None)
-    monkeypatch.setattr(bench_commands, "bench", lambda args: sweeps.append(args) or 0)
+    monkeypatch.setattr(bench_commands, "bench", lambda args, variants: sweeps.append(args) or 0)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("AITER_MLA_DISABLE_JIT", "1")   # no build starts, whatever the value
@@ -140,7 +140,7 @@ def test_the_largest_seed_is_taken_and_fits_the_generators(monkeypatch, capsys):
     assert cli.main(["metadata", "--batch", "8", "--ctx", "1-5000", "--seed", top, "--json"]) == 0
     sweeps = []
     monkeypatch.setattr(bench_commands, "no_gpu_reason", lambda: None)
-    monkeypatch.setattr(bench_commands, "bench", lambda args: sweeps.append(args) or 0)
+    monkeypatch.setattr(bench_commands, "bench", lambda args, variants: sweeps.append(args) or 0)
     monkeypatch.setenv("AITER_MLA_DISABLE_JIT", "1")
     assert cli.main(["bench", "--seed", top, "-b", "1", "-c", "64"]) == 0
     assert sweeps[0].seed == 2**32 - 1

@@ -1392,20 +1392,29 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
         aiter_mla.mla_decode_fwd(q, kv[..., :0], o, qo, kvi, idx, last, 1, page_size=16)
     with pytest.raises(ValueError, match="softmax_scale must be a finite number, got inf"):
         aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, wis, 1, float("inf"), split_o, split_l, o)
-    # outputs the kernels write in 16-byte units must start 16-byte aligned: a contiguous view one
-    # element past an aligned start was a misaligned-address fault on the device (bf16 rows by
-    # 16-byte stores, fp8 rows by bulk copies), named before the device instead
-    o_odd = torch.empty(o.numel() + 1, dtype=o.dtype)[1:].view(o.shape)
-    with pytest.raises(ValueError, match=r"^o must start at a 16-byte aligned address .* = 2$"):
-        aiter_mla.mla_decode_fwd(q, kv, o_odd, qo, kvi, idx, last, 1, page_size=16)
-    with pytest.raises(ValueError, match=r"^final_output must start at a 16-byte aligned address .* = 2$"):
-        aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, wis, 1, 0.1, split_o, split_l, o_odd)
-    split_odd = torch.empty(split_o.numel() + 1)[1:].view(split_o.shape)
-    with pytest.raises(ValueError, match=r"^split_output must start at a 16-byte aligned address .* = 4$"):
-        aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, wis, 1, 0.1, split_odd, split_l, o)
-    with pytest.raises(ValueError, match=r"^mla_reduce_v1: partial_output must be a 16-byte aligned start .* "
-                                         r"got data_ptr\(\) % 16 = 4$"):
-        aiter_mla.mla_reduce_v1(split_odd.view(2, 16, 512), split_l.view(2, 16), qo, None, qo, 1, o)
+    # tensors the kernels move in 16-byte units must start 16-byte aligned: a contiguous view one
+    # element past an aligned start was a misaligned-address fault on the device (bf16 output
+    # rows by 16-byte stores, fp32 partial rows read as float4), named before the device instead,
+    # by both decode entry points in the same words (fresh-user trials)
+    def odd(t):   # contiguous, one element past an aligned start
+        return torch.empty(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape)
+
+    aligned = r" must start at a 16-byte aligned address \(.*\), got data_ptr\(\) % 16 = {}; a tensor of its own"
+    with pytest.raises(ValueError, match="^q" + aligned.format(2)):
+        aiter_mla.mla_decode_fwd(odd(q), kv, o, qo, kvi, idx, last, 1, page_size=16)
+    with pytest.raises(ValueError, match="^o" + aligned.format(2)):
+        aiter_mla.mla_decode_fwd(q, kv, odd(o), qo, kvi, idx, last, 1, page_size=16)
+    with pytest.raises(ValueError, match="^logits" + aligned.format(4)):
+        aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last, 1, page_size=16, logits=odd(split_o),
+                                 attn_lse=split_l)
+    with pytest.raises(ValueError, match="^query" + aligned.format(2)):
+        aiter_mla.hk_mla_decode_fwd(odd(q), kv, qo, kvi, idx, last, qo, wis, 1, 0.1, split_o, split_l, o)
+    with pytest.raises(ValueError, match="^final_output" + aligned.format(2)):
+        aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, wis, 1, 0.1, split_o, split_l, odd(o))
+    with pytest.raises(ValueError, match="^split_output" + aligned.format(4)):
+        aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, wis, 1, 0.1, odd(split_o), split_l, o)
+    with pytest.raises(ValueError, match="^mla_reduce_v1: partial_output" + aligned.format(4)):
+        aiter_mla.mla_reduce_v1(odd(split_o).view(2, 16, 512), split_l.view(2, 16), qo, None, qo, 1, o)
 
 
 @pytest.mark.parametrize("flag", ["return_lse", "return_logits", "intra_batch_mode"])

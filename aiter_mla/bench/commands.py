@@ -236,8 +236,12 @@ def run(args: argparse.Namespace) -> int:
               f"KV of one dtype (fp8/fp8 or bf16/bf16; -d defaults to fp8, -kvd to -d): give -d "
               f"and -kvd the same value", file=sys.stderr)
         return 2
+    variants, message = _variants_or_message(args)
+    if message:   # an unsupported shape: an argument error, named before the GPU check
+        print(message, file=sys.stderr)
+        return 2
     if args.compile_only:
-        return compile_only(args)   # writes nothing into -o
+        return compile_only(args, variants)   # writes nothing into -o
     message = output_folder_message(args.output)
     if message:
         print(f"aiter-mla bench: error: {message}", file=sys.stderr)
@@ -247,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"aiter-mla bench: error: no CUDA GPU visible ({reason}); use --compile-only to build the "
               "variants", file=sys.stderr)
         return 2
-    return bench(args)
+    return bench(args, variants)
 
 
 def _variants_or_message(args):
@@ -275,14 +279,11 @@ def _report_build_failures(results, table_shown: bool = False) -> int:
     return len(failed)
 
 
-def compile_only(args: argparse.Namespace) -> int:
-    """Build every variant the sweep would use; print the build table; non-zero on a failure."""
+def compile_only(args: argparse.Namespace, variants) -> int:
+    """Build ``variants`` (every one the sweep would use); print the build table; non-zero on a
+    failure."""
     from .variants import build_variants, format_build_table
 
-    variants, message = _variants_or_message(args)
-    if message:   # an unsupported shape or dtype: an argument error, as for a bad size
-        print(message, file=sys.stderr)
-        return 2
     t0 = time.perf_counter()
     results = build_variants(variants, args.jobs, progress=not args.no_progress)
     print(format_build_table(results))
@@ -298,8 +299,9 @@ def bench_device():
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def bench(args: argparse.Namespace) -> int:
-    """The full sweep on the current GPU (see the module docstring)."""
+def bench(args: argparse.Namespace, variants) -> int:
+    """The full sweep on the current GPU (see the module docstring); ``variants``: the sweep's
+    (``sweep_variants``)."""
     import torch
 
     from .. import arch
@@ -317,10 +319,6 @@ def bench(args: argparse.Namespace) -> int:
     if not specs:
         print("aiter-mla bench: no rows (every ctx is shorter than its qlen)", file=sys.stderr)
         return 1
-    variants, message = _variants_or_message(args)
-    if message:
-        print(message, file=sys.stderr)
-        return 2
     if args.no_peers:
         peers, notes = [], ["peers not run (--no-peers)"]
     else:

@@ -398,7 +398,7 @@ def _bar(done: int, total: int, width: int = 20) -> str:
 
 def cmd_render(args) -> int:
     if args.output is not None and not args.output.strip():
-        print("aiter-mla jit render: -o: expected a file path (or - for stdout), got "
+        print("aiter-mla jit render: error: -o: expected a file path (or - for stdout), got "
               f"{args.output!r}", file=sys.stderr)
         return 2
     cfg = load_config()

@@ -312,12 +312,14 @@ def _check_tensor(t, name: str, dtype, device: torch.device, dim: Optional[int] 
 
 
 def _check_aligned(t: torch.Tensor, name: str) -> None:
-    """An output the kernels write in 16-byte units (bf16 rows by 16-byte stores or bulk copies,
-    fp32 partial rows read back as float4) must start 16-byte aligned: a misaligned start would
-    be a misaligned-address fault on the device, so it is refused here."""
+    """A tensor the kernels read or write in 16-byte units (Q and KV rows by cp.async or TMA,
+    bf16 output rows by 16-byte stores or bulk copies, fp32 partial rows read back as float4)
+    must start 16-byte aligned: a misaligned start would be a misaligned-address fault on the
+    device, so it is refused here (ValueError)."""
     if t.data_ptr() % 16:
-        raise ValueError(f"{name} must start at a 16-byte aligned address (the kernels write its rows "
-                         f"in 16-byte units), got data_ptr() % 16 = {t.data_ptr() % 16}")
+        raise ValueError(f"{name} must start at a 16-byte aligned address (the kernels move its rows "
+                         f"in 16-byte units), got data_ptr() % 16 = {t.data_ptr() % 16}; a tensor "
+                         f"of its own (torch.empty, .clone()) is aligned")
 
 
 def _check_scale(t, name: str, device: torch.device) -> None:
@@ -393,12 +395,8 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
     if kv_buffer.shape[2] != 1 or kv_buffer.shape[3] != QK_HEAD_DIM:
         raise ValueError(f"kv_buffer must be [num_pages, page_size, 1, {QK_HEAD_DIM}] (one KV head), "
                          f"got {tuple(kv_buffer.shape)}")
-    if query.data_ptr() % 16:   # Q rows are copied in 16-byte units (cp.async, or the Q tensor map)
-        raise ValueError(f"query must start at a 16-byte aligned address (its rows are copied in "
-                         f"16-byte units), got data_ptr() % 16 = {query.data_ptr() % 16}")
-    if kv_buffer.data_ptr() % 16:
-        raise ValueError(f"kv_buffer must start at a 16-byte aligned address (its rows are read in "
-                         f"16-byte units), got data_ptr() % 16 = {kv_buffer.data_ptr() % 16}")
+    _check_aligned(query, "query")
+    _check_aligned(kv_buffer, "kv_buffer")
     page_size = int(kv_buffer.shape[1])
     max_seqlen_q = require_int("max_seqlen_q", max_seqlen_q)
     if params is None:
@@ -920,7 +918,9 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
     if tuple(o.shape) != (total_q, num_heads, V_HEAD_DIM):
         raise ValueError(f"o must be [{total_q}, {num_heads}, {V_HEAD_DIM}] (q's rows and heads, the V dim), "
                          f"got {tuple(o.shape)}")
-    _check_aligned(o, "o")
+    for name, t in (("q", q), ("kv_buffer", kv_buffer), ("o", o), ("logits", logits)):
+        if isinstance(t, torch.Tensor):   # logits: optional; its other checks come with the plan's
+            _check_aligned(t, name)
     _check_batch_layout(qo_indptr, kv_indptr, kv_last_page_lens)
     if final_lse is not None and not return_lse:
         raise ValueError("final_lse is given but return_lse is False: pass return_lse=True")
@@ -968,7 +968,6 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
             if tuple(t.shape) != shape:
                 raise ValueError(f"{name} must be {list(shape)} (reduce_partial_map entries x "
                                  f"max_seqlen_q, 1, heads, ...), got {tuple(t.shape)}")
-        _check_aligned(logits, "logits")
     else:
         logits = torch.empty(split_shape, dtype=torch.float32, device=device)
         attn_lse = torch.empty((n_partial, 1, num_heads, 1), dtype=torch.float32, device=device)

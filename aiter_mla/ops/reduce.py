@@ -76,8 +76,10 @@ def _check(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_
             or (partial_output.dim() == 4 and po_shape[1] != 1)):
         _fail("partial_output", f"[N, H, {V_HEAD_DIM}] or [N, 1, H, {V_HEAD_DIM}]", po_shape)
     if partial_output.data_ptr() % 16:   # its rows are read as float4
-        _fail("partial_output", "a 16-byte aligned start (rows are read in 16-byte units)",
-              f"data_ptr() % 16 = {partial_output.data_ptr() % 16}")
+        raise ValueError(f"mla_reduce_v1: partial_output must start at a 16-byte aligned address (its "
+                         f"rows are read in 16-byte units), got data_ptr() % 16 = "
+                         f"{partial_output.data_ptr() % 16}; a tensor of its own (torch.empty, "
+                         f".clone()) is aligned")
     H = po_shape[-2]
     if H < 1:
         _fail("partial_output", "at least 1 head (size(-2))", po_shape)
