@@ -289,6 +289,12 @@ def test_warm_decode_call_with_new_q_and_o_of_the_same_shape_stays_warm(no_gpu_s
     with pytest.raises(ValueError, match="CUDA tensor"):   # missed: the checks run (and refuse CPU tensors)
         _call_decode(t3, True, False)
     assert len(log) == 1
+    # an o of the same shape one element past an aligned start misses too: the kernels write its
+    # rows in 16-byte units (a review found the warm path launched it)
+    o_odd = torch.zeros(t["o"].numel() + 1, dtype=torch.bfloat16)[1:].view(t["o"].shape)
+    with pytest.raises(ValueError, match="^o must start at a 16-byte aligned address"):
+        _call_decode(dict(t, o=o_odd), True, False)
+    assert len(log) == 1
 
 
 def test_warm_entry_dies_with_its_tensors(no_gpu_stream):
@@ -307,7 +313,7 @@ def test_warm_reduce_call_is_a_lookup_and_a_launch(no_gpu_stream):
     r = reduce.Prepared.__new__(reduce.Prepared)
     r.module, r.fn, r.args, r.addr, r.index, r.sink = None, _launcher(log, "reduce"), None, 0x3000, 0, _Sink()
     po, pl, fo = t["logits"], t["attn_lse"], t["o"]
-    key = (po.shape, po.stride(), po.dtype, po.device, pl.shape, pl.stride(), pl.dtype,
+    key = (po.shape, po.stride(), po.dtype, po.device, 0, pl.shape, pl.stride(), pl.dtype,
            fo.shape, fo.stride(), fo.dtype, fo.device, None, 1,
            id(t["reduce_indptr"]), t["reduce_indptr"].data_ptr(), id(t["reduce_final_map"]),
            t["reduce_final_map"].data_ptr(), id(t["reduce_partial_map"]), t["reduce_partial_map"].data_ptr())
@@ -317,6 +323,13 @@ def test_warm_reduce_call_is_a_lookup_and_a_launch(no_gpu_stream):
     assert log == [("reduce", (0x3000, po.data_ptr(), pl.data_ptr(), fo.data_ptr(), None, 0xABC))]
     assert py[1:] == ["mla_reduce_v1", "is_compiling", "is_scripting", "_launch", "<lambda>", "fn"], py
     assert not FORBIDDEN_C & set(c) and "empty" not in c
+    # a misaligned partial_output of the same shape and strides is not this entry: it is checked
+    # (and refused) instead of read as float4 from a misaligned start (a review found it launched)
+    po_odd = torch.zeros(po.numel() + 1)[1:].view(po.shape)
+    with pytest.raises(ValueError, match="^mla_reduce_v1: partial_output must start at a 16-byte aligned"):
+        reduce.mla_reduce_v1(po_odd, pl, t["reduce_indptr"], t["reduce_final_map"], t["reduce_partial_map"],
+                             1, fo, None)
+    assert len(log) == 1
 
 
 def test_warm_metadata_call_is_a_lookup_a_launch_and_the_plan_record(no_gpu_stream, monkeypatch):

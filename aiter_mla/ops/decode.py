@@ -311,17 +311,6 @@ def _check_tensor(t, name: str, dtype, device: torch.device, dim: Optional[int] 
         raise ValueError(f"{name} must be contiguous (shape {tuple(t.shape)}, stride {t.stride()})")
 
 
-def _check_aligned(t: torch.Tensor, name: str) -> None:
-    """A tensor the kernels read or write in 16-byte units (Q and KV rows by cp.async or TMA,
-    bf16 output rows by 16-byte stores or bulk copies, fp32 partial rows read back as float4)
-    must start 16-byte aligned: a misaligned start would be a misaligned-address fault on the
-    device, so it is refused here (ValueError)."""
-    if t.data_ptr() % 16:
-        raise ValueError(f"{name} must start at a 16-byte aligned address (the kernels move its rows "
-                         f"in 16-byte units), got data_ptr() % 16 = {t.data_ptr() % 16}; a tensor "
-                         f"of its own (torch.empty, .clone()) is aligned")
-
-
 def _check_scale(t, name: str, device: torch.device) -> None:
     if t is None:
         return
@@ -395,8 +384,8 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
     if kv_buffer.shape[2] != 1 or kv_buffer.shape[3] != QK_HEAD_DIM:
         raise ValueError(f"kv_buffer must be [num_pages, page_size, 1, {QK_HEAD_DIM}] (one KV head), "
                          f"got {tuple(kv_buffer.shape)}")
-    _check_aligned(query, "query")
-    _check_aligned(kv_buffer, "kv_buffer")
+    launch.check_aligned(query, "query")
+    launch.check_aligned(kv_buffer, "kv_buffer")
     page_size = int(kv_buffer.shape[1])
     max_seqlen_q = require_int("max_seqlen_q", max_seqlen_q)
     if params is None:
@@ -406,7 +395,7 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
     if tuple(final_output.shape) != (total_q, num_heads, V_HEAD_DIM):
         raise ValueError(f"final_output must be [{total_q}, {num_heads}, {V_HEAD_DIM}] (query rows, "
                          f"heads, V dim), got {tuple(final_output.shape)}")
-    _check_aligned(final_output, "final_output")
+    launch.check_aligned(final_output, "final_output")
     for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr),
                     ("kv_page_indices", kv_page_indices), ("kv_last_page_lens", kv_last_page_lens),
                     ("work_indptr", work_indptr)):
@@ -420,7 +409,7 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
     if split_output.numel() % (num_heads * V_HEAD_DIM) != 0 or split_output.shape[-1] != V_HEAD_DIM:
         raise ValueError(f"split_output must be [N, 1, {num_heads}, {V_HEAD_DIM}] fp32, got "
                          f"{tuple(split_output.shape)}")
-    _check_aligned(split_output, "split_output")
+    launch.check_aligned(split_output, "split_output")
     n_rows = split_output.numel() // V_HEAD_DIM
     if split_lse.numel() != n_rows:
         raise ValueError(f"split_lse must hold one value per split_output row ({n_rows}; shape "
@@ -656,8 +645,9 @@ def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, k
     Args:
         query: [total_q, H, 576] fp8 e4m3fn or bf16, contiguous, 16-byte aligned start; (H,
             max_seqlen_q) in :func:`is_supported_shape`.
-        kv_buffer: [num_pages, page_size, 1, 576], same dtype as query, contiguous, 16-byte aligned; page_size is
-            read from ``kv_buffer.shape[1]`` (a power of two 1..256). V = first 512 columns.
+        kv_buffer: [num_pages, page_size, 1, 576], same dtype as query, contiguous, 16-byte aligned
+            start; page_size is read from ``kv_buffer.shape[1]`` (a power of two 1..256). V = first
+            512 columns.
         qo_indptr, kv_indptr: [B+1] int32 (kv_indptr in pages); used by the checks only, the
             kernel addresses everything through the work records.
         kv_page_indices: [>= kv_indptr[-1]] int32 physical page ids.
@@ -835,7 +825,7 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
         if (p is not None and metadata._plans.get(p.plan_key) is p.plan and q.is_contiguous()
                 and o.is_contiguous()):
             q_ptr = q.data_ptr()
-            if not q_ptr & 15:
+            if not (q_ptr | o.data_ptr()) & 15:
                 if logits is None:   # AITER returns fresh split buffers: two allocations a call
                     logits = torch.empty(p.split_shape, dtype=torch.float32, device=p.device)
                     attn_lse = torch.empty(p.lse_shape, dtype=torch.float32, device=p.device)
@@ -918,9 +908,10 @@ def _mla_decode_fwd_cold(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
     if tuple(o.shape) != (total_q, num_heads, V_HEAD_DIM):
         raise ValueError(f"o must be [{total_q}, {num_heads}, {V_HEAD_DIM}] (q's rows and heads, the V dim), "
                          f"got {tuple(o.shape)}")
-    for name, t in (("q", q), ("kv_buffer", kv_buffer), ("o", o), ("logits", logits)):
-        if isinstance(t, torch.Tensor):   # logits: optional; its other checks come with the plan's
-            _check_aligned(t, name)
+    if not torch.compiler.is_compiling():   # (Dynamo cannot trace data_ptr(); the ops' bodies check)
+        for name, t in (("q", q), ("kv_buffer", kv_buffer), ("o", o), ("logits", logits)):
+            if isinstance(t, torch.Tensor):   # logits: optional; its other checks come with the plan's
+                launch.check_aligned(t, name)
     _check_batch_layout(qo_indptr, kv_indptr, kv_last_page_lens)
     if final_lse is not None and not return_lse:
         raise ValueError("final_lse is given but return_lse is False: pass return_lse=True")

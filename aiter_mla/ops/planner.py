@@ -202,10 +202,13 @@ class MlaDecodePlanner:
 
         Args:
             q: [total_q, num_heads, 576] (the absorbed latent query, then the RoPE part),
-                ``dtype``; total_q = qo_indptr[-1] of the plan.
+                ``dtype``, contiguous; total_q = qo_indptr[-1] of the plan.
             kv_cache: this layer's [num_pages, page_size, 1, 576] cache, ``dtype`` (fill it with
                 :func:`aiter_mla.concat_and_cache_mla`).
-            out: optional [total_q, num_heads, 512] bf16 output (given: nothing is allocated).
+            out: optional [total_q, num_heads, 512] bf16 output, contiguous (given: nothing is
+                allocated). q, kv_cache and out start 16-byte aligned (torch's allocations do);
+                :func:`aiter_mla.mla_decode_fwd` names them ``q``, ``kv_buffer`` and ``o`` in
+                its errors.
             lse / return_lse: a [total_q, num_heads] fp32 buffer for the LSE (natural log), or
                 ``return_lse=True`` to allocate one (a bool, Python or NumPy).
             q_scale, kv_scale: fp8 per-tensor [1] fp32 scales (real = stored x scale).

@@ -75,11 +75,7 @@ def _check(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_
     if (partial_output.dim() not in (3, 4) or po_shape[-1] != V_HEAD_DIM
             or (partial_output.dim() == 4 and po_shape[1] != 1)):
         _fail("partial_output", f"[N, H, {V_HEAD_DIM}] or [N, 1, H, {V_HEAD_DIM}]", po_shape)
-    if partial_output.data_ptr() % 16:   # its rows are read as float4
-        raise ValueError(f"mla_reduce_v1: partial_output must start at a 16-byte aligned address (its "
-                         f"rows are read in 16-byte units), got data_ptr() % 16 = "
-                         f"{partial_output.data_ptr() % 16}; a tensor of its own (torch.empty, "
-                         f".clone()) is aligned")
+    launch.check_aligned(partial_output, "partial_output", "mla_reduce_v1: ")   # rows read as float4
     H = po_shape[-2]
     if H < 1:
         _fail("partial_output", "at least 1 head (size(-2))", po_shape)
@@ -165,8 +161,10 @@ def _launch(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce
     # entry point asks the error record before it launches (launch.fail raises what it held).
     try:
         # per-call tensors by what their checks and the fixed strides depend on
+        # (partial_output's alignment too: _check refuses a misaligned start)
         key = (partial_output.shape, partial_output.stride(), partial_output.dtype,
-               partial_output.device, partial_lse.shape, partial_lse.stride(), partial_lse.dtype,
+               partial_output.device, partial_output.data_ptr() & 15,
+               partial_lse.shape, partial_lse.stride(), partial_lse.dtype,
                final_output.shape, final_output.stride(), final_output.dtype, final_output.device,
                None if final_lse is None else (final_lse.shape, final_lse.stride(), final_lse.dtype,
                                                final_lse.device), max_seqlen_q,
