@@ -876,7 +876,7 @@ def test_input_errors(warm):
     flat = torch.empty(c.q.numel() + 1, dtype=c.q.dtype, device="cuda")
     q_odd = flat[1:].view(c.q.shape)   # contiguous, one bf16 (2 bytes) past an aligned start
     q_odd.copy_(c.q)
-    with pytest.raises(ValueError, match="query must start at a 16-byte aligned address.*= 2"):
+    with pytest.raises(ValueError, match="^q must start at a 16-byte aligned address.*= 2"):   # mla_decode_fwd names it q
         call(q=q_odd)
     found_on_device(r"kv_last_page_lens\[0\] = 0 must be in \[1, page_size=16\]",
                     lambda: call(kv_last_page_lens=torch.tensor([0, 3], dtype=torch.int32, device="cuda")))
