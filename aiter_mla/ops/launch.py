@@ -165,7 +165,7 @@ class IdentityCache:
 def check_aligned(t, name: str, who: str = "") -> None:
     """ValueError unless tensor ``t`` starts 16-byte aligned. The kernels read or write these
     tensors' rows in 16-byte units (Q and KV by cp.async or TMA, bf16 output rows by 16-byte
-    stores or bulk copies, fp32 partial rows read back as float4): a misaligned start would be a
+    stores, fp32 partial rows read back as float4): a misaligned start would be a
     misaligned-address fault on the device. ``who``: the op's prefix for the message."""
     if t.data_ptr() % 16:
         raise ValueError(f"{who}{name} must start at a 16-byte aligned address (the kernels move its "
