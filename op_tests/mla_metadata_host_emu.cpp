@@ -83,6 +83,9 @@ inline bool warp_any(bool pred) {
 
 inline void sync_warp() { blk->warps[tid / kWarp]->wait(); }
 
+// The one-warp body's choice in the last run: 1 its 32-bit path, 2 the tiled body, 0 neither.
+int last_path = 0;
+
 bool force_tiled = false;  // run the tiled body md_body whatever md_run would pick
 
 }  // namespace emu
@@ -99,6 +102,7 @@ bool force_tiled = false;  // run the tiled body md_body whatever md_run would p
 #define MD_WARP_ANY(pred) emu::warp_any(pred)
 #define MD_SYNC_WARP() emu::sync_warp()
 #define MD_FFS(m) __builtin_ffsll((long long)(m))
+#define MD_NOTE_PATH(fast) (emu::tid == 0 ? (void)(emu::last_path = (fast) ? 1 : 2) : (void)0)
 
 #include MD_RENDERED
 
@@ -139,6 +143,7 @@ extern "C" int emu_get_metadata_v1(
   p.overhead = overhead;
   p.tail_threshold = tail_threshold;
   p.split_heavy_tiles = (volatile int32_t*)split_heavy_tiles;
+  emu::last_path = 0;
   emu::Block block(nthreads);
   emu::blk = &block;
   std::vector<std::thread> threads;
@@ -167,3 +172,7 @@ extern "C" void emu_force_tiled(int on) { emu::force_tiled = on != 0; }
 extern "C" int emu_warp() { return emu::kWarp; }
 
 extern "C" int emu_lanes_max() { return MD_LANES_MAX; }
+
+// 1: md_body_lanes's 32-bit path ran in the last emu_get_metadata_v1 call, 2: it handed the
+// inputs to the tiled body, 0: md_body_lanes did not run.
+extern "C" int emu_last_path() { return emu::last_path; }

@@ -1035,6 +1035,9 @@ class Emulator:
         self.lib.emu_force_tiled.argtypes = [i32]
         self.warp = self.lib.emu_warp()
         self.lanes_max = self.lib.emu_lanes_max()   # batches the one-warp path serves
+        # md_body_lanes's choice in the last run: 1 its 32-bit path, 2 the tiled body, 0 none
+        self.last_path = self.lib.emu_last_path
+        self.last_path.restype = ctypes.c_int
 
     def run(self, bufs, qo, kv, lpl, *, C, page_size, G, thr, msb=-1, nthreads=64,
             tiled=False, ptrs_in=None):
@@ -1168,8 +1171,8 @@ def test_emulated_kernel_batch_4096(emulator):
                             nthreads=128)
 
 
-# md_body_lanes serves 1..LANES_MAX batches with one warp (MD_WARP * MD_LANE_BATCHES on sm_90a;
-# the emulator fixtures check it)
+# md_body_lanes serves 1..LANES_MAX batches with one warp (MD_WARP on sm_90a; the emulator
+# fixtures check it)
 LANES_MAX = 32
 
 
@@ -1186,6 +1189,8 @@ def test_emulated_one_warp_path_equals_reference(emulator, cfg, extra):
     qo, kv, lpl = make_inputs(cfg["lens"], cfg["qlens"], cfg["page_size"])
     emulate_and_compare(emulator, qo, kv, lpl, C=cfg["C"], page_size=cfg["page_size"],
                         G=cfg["G"], thr=cfg["thr"], msb=cfg["msb"], nthreads=32, extra=extra)
+    assert emulator.last_path() == lanes_path(kv, lpl, C=cfg["C"], page_size=cfg["page_size"],
+                                              G=cfg["G"], thr=cfg["thr"], msb=cfg["msb"])
 
 
 def test_emulated_one_warp_path_edge_cases(emulator):
@@ -1218,6 +1223,56 @@ def test_emulated_one_warp_path_edge_cases(emulator):
         assert emulator.lanes_apply(len(lens), 32) == (len(lens) >= 1)
         qo, kv, lpl = make_inputs(lens, [thr] * len(lens), ps)
         emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=ps, G=G, thr=thr, nthreads=32)
+        if lens:
+            assert emulator.last_path() == lanes_path(kv, lpl, C=C, page_size=ps, G=G, thr=thr)
+
+
+def lanes_path(kv, lpl, *, C, page_size, G, thr, msb=-1):
+    """Which path md_body_lanes takes, modelled from its bounds (MD_FAST_* in the template):
+    1, its 32-bit path, when every batch has 0 <= pages < 2**22 pages and (page_size > 1)
+    0 <= last page length < 2**24, page_size <= 256, and the kv granularity, the split count
+    and the overhead are < 2**16; else 2, the tiled body (the overhead follows the page size
+    here, so its bound is not reached)."""
+    B = len(kv) - 1
+    lanes_fit = all(0 <= kv[b + 1] - kv[b] < 2**22 and (page_size == 1 or 0 <= lpl[b] < 2**24)
+                    for b in range(B))
+    params_fit = (page_size <= 256 and G < 2**16 and num_splits_for(C, msb, B) < 2**16
+                  and overhead_blocks(page_size) < 2**16)
+    return 1 if lanes_fit and params_fit else 2
+
+
+def test_emulated_one_warp_path_bounds(emulator):
+    """Each bound of md_body_lanes's 32-bit path, on both sides: the path taken is the model's
+    (lanes_path) and the schedule is the reference's either way."""
+    cases = [  # (tokens per batch, C, page_size, G, thr, last page lengths or None)
+        ([(2**22 - 1) * 64, 21, 3200], 132, 64, 1, 1, None),    # 2**22 - 1 pages: 32-bit
+        ([2**22 * 64, 21, 3200], 132, 64, 1, 1, None),          # 2**22 pages: tiled
+        ([2**22 - 1] * 4, 132, 1, 1, 3, None),                  # page 1
+        ([2**22] + [5] * 3, 132, 1, 1, 3, None),
+        ([2**21] * 32, 264, 1, 64, 2, None),                    # the line at 2**26 blocks
+        ([3200] * 8, 2**16 - 1, 64, 1, 1, None),                # split count 2**16 - 1
+        ([3200] * 8, 2**16, 64, 1, 1, None),                    # 2**16: tiled
+        ([3200] * 8, 132, 64, 2**15, 1, None),                  # granularity 2**15
+        ([3200] * 8, 132, 64, 2**16, 1, None),                  # 2**16: tiled
+        # invalid last page lengths (the reference refuses them): the one-warp path must
+        # write what the tiled body writes
+        ([640, 640], 132, 64, 1, 1, [2**24 - 1, 7]),            # last page length 2**24 - 1
+        ([640, 640], 132, 64, 1, 1, [7, 2**24]),                # 2**24: tiled
+        ([640, 640], 132, 64, 1, 1, [-1, 7]),                   # negative: tiled
+    ]
+    seen = set()
+    for lens, C, ps, G, thr, lpl_over in cases:
+        qo, kv, lpl = make_inputs(lens, [1] * len(lens), ps)
+        if lpl_over is None:
+            emulate_and_compare(emulator, qo, kv, lpl, C=C, page_size=ps, G=G, thr=thr,
+                                nthreads=32)
+            path = emulator.last_path()
+        else:
+            lpl = lpl_over
+            path = lanes_equals_tiled(emulator, qo, kv, lpl, C=C, page_size=ps, G=G, thr=thr)
+        assert path == lanes_path(kv, lpl, C=C, page_size=ps, G=G, thr=thr), (lens, C, ps, G, thr)
+        seen.add(path)
+    assert seen == {1, 2}
 
 
 def garbage_inputs(rng, B):
@@ -1238,23 +1293,72 @@ def garbage_inputs(rng, B):
     return qo, kv, lpl
 
 
-def test_emulated_one_warp_path_equals_tiled_on_garbage(emulator):
-    """Where the reference cannot judge (invalid inputs), the one-warp path must still write
-    exactly what the tiled body writes, buffer for buffer, and the same split-merge hint."""
-    rng = random.Random(11)
-    for _ in range(60):
-        B, C = rng.randint(1, LANES_MAX), rng.choice((1, 7, 132, 264))
-        qo, kv, lpl = garbage_inputs(rng, B)
-        kw = dict(C=C, page_size=rng.choice((1, 16, 64)), G=rng.choice((1, 4)),
-                  thr=rng.randint(1, 8), nthreads=32)
+def lanes_equals_tiled(emulator, qo, kv, lpl, *, C, **kw):
+    """The one-warp body (run first; emulator.last_path() then tells its path) and the tiled
+    body write the same buffers and the same split-merge hint."""
+    B = len(kv) - 1
+    outs = []
+    for tiled in (False, True):
+        bufs = alloc(info_sizes(B, C))
+        heavy = emulator.run(bufs, qo, kv, lpl, C=C, tiled=tiled, nthreads=32, **kw)
+        if not tiled:
+            path = emulator.last_path()
+        outs.append((heavy, [b.clone() for b in bufs[1:]]))
+    assert outs[0][0] == outs[1][0]
+    for a, b in zip(outs[0][1], outs[1][1]):
+        assert torch.equal(a, b)
+    return path
+
+
+def test_emulated_one_warp_path_equals_tiled_on_caps(emulator):
+    """Buffer sizes passed to the C entry point that disagree with the schedule (negative, past
+    int32, too small): the one-warp path writes what the tiled body writes. (The op passes
+    tensor sizes; the C ABI does not check them.)"""
+    qo, kv, lpl = [0, 1, 2], [0, 3000, 6000], [16, 16]
+    t = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    for cap_works in (-5, -(2**32) + 10, 2**32 + 3, 3, 0):
         outs = []
         for tiled in (False, True):
-            bufs = alloc(info_sizes(B, C))
-            heavy = emulator.run(bufs, qo, kv, lpl, tiled=tiled, **kw)
-            outs.append((heavy, [b.clone() for b in bufs[1:]]))
-        assert outs[0][0] == outs[1][0]
+            bufs = [torch.zeros(2, dtype=torch.uint64), torch.full((133,), -1, dtype=torch.int32),
+                    torch.full((200, 8), -1, dtype=torch.int32), torch.full((3,), -1, dtype=torch.int32),
+                    torch.full((2, 2), -1, dtype=torch.int32), torch.full((400,), -1, dtype=torch.int32)]
+            ins = t(qo), t(kv), t(lpl)
+            heavy = ctypes.c_int32(-7)
+            emulator.lib.emu_force_tiled(1 if tiled else 0)
+            try:
+                rc = emulator.fn(*(x.data_ptr() for x in ins), *(b.data_ptr() for b in bufs),
+                                 133, cap_works, 3, 2, 400, 2, 132, 132, 16, 1, 5, 1,
+                                 ctypes.addressof(heavy), 32)
+            finally:
+                emulator.lib.emu_force_tiled(0)
+            assert rc == 0
+            if not tiled:
+                assert emulator.last_path() == 1
+            outs.append((heavy.value, bufs[1:]))
+        assert outs[0][0] == outs[1][0], cap_works
         for a, b in zip(outs[0][1], outs[1][1]):
-            assert torch.equal(a, b)
+            assert torch.equal(a, b), cap_works
+
+
+def test_emulated_one_warp_path_equals_tiled_on_garbage(emulator):
+    """Where the reference cannot judge (invalid inputs), the one-warp path must still write
+    exactly what the tiled body writes, buffer for buffer, and the same split-merge hint: on
+    wild values (the tiled body runs) and on page counts inside the 32-bit path's bounds with
+    invalid q ranges and last page lengths (its 32-bit path runs)."""
+    rng = random.Random(11)
+    paths = collections.Counter()
+    for i in range(90):
+        B, C = rng.randint(1, LANES_MAX), rng.choice((1, 7, 132, 264))
+        ps = rng.choice((1, 16, 64))
+        qo, kv, lpl = garbage_inputs(rng, B)
+        if i % 3 == 2:   # pages in bounds, the rest invalid
+            kv = [0]
+            for _ in range(B):
+                kv.append(kv[-1] + rng.choice((0, 1, 2, rng.randint(0, 5000))))
+            lpl = [rng.choice((0, -1, ps + 1, rng.randint(-3, 2**24 - 1))) for _ in range(B)]
+        paths[lanes_equals_tiled(emulator, qo, kv, lpl, C=C, page_size=ps, G=rng.choice((1, 4)),
+                                 thr=rng.randint(1, 8))] += 1
+    assert paths[1] >= 10 and paths[2] >= 30, paths
 
 
 def guarded_int32(vals, keep):
