@@ -1171,9 +1171,9 @@ def test_emulated_kernel_batch_4096(emulator):
                             nthreads=128)
 
 
-# md_body_lanes serves 1..LANES_MAX batches with one warp (MD_WARP on sm_90a; the emulator
-# fixtures check it)
-LANES_MAX = 32
+# md_body_lanes serves 1..LANES_MAX batches with one warp: one a lane up to the warp width, then
+# two a lane on sm_90a (the emulator fixtures check it)
+LANES_MAX = 64
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -1197,6 +1197,7 @@ def test_emulated_one_warp_path_edge_cases(emulator):
     """The edge cases of test_emulated_kernel_edge_cases that fit one warp's LANES_MAX batches,
     through the one-warp path; batch 0 takes the tiled path at one warp."""
     assert emulator.lanes_apply(0, 32) == 0 and emulator.lanes_apply(LANES_MAX + 1, 32) == 0
+    assert emulator.lanes_max == LANES_MAX
     assert emulator.lanes_apply(1, 64) == 0
     cases = [
         ([], 8, 64, 1, 1),                              # batch 0: the tiled body
@@ -1218,6 +1219,14 @@ def test_emulated_one_warp_path_edge_cases(emulator):
         ([8192] * 30, 132, 64, 1, 3),
         ([21], 132, 64, 1, 1),                          # the bench's b1 ctx21 step
         ([3200] * 17 + [0] * 3 + [5000] * 11, 132, 64, 1, 2),
+        # two batches a lane (sm_90a above 32 batches)
+        ([3200] * 33, 132, 64, 1, 1),
+        ([3200] * 64, 132, 64, 1, 1),                   # uniform, whole batches per slice
+        ([8192] * 64, 264, 64, 1, 1),                   # uniform, 4 work lists a batch
+        ([21] * 63, 132, 64, 1, 1),
+        ([0, 9000] * 20 + [1] * 5, 132, 16, 4, 3),
+        ([(2**22 - 1) * 16] * 64, 132, 16, 1, 1),       # the 32-bit path's largest batches
+        ([2**31 - 1] + [1] * 40, 264, 256, 1, 2),       # one huge batch: the tiled body
     ]
     for lens, C, ps, G, thr in cases:
         assert emulator.lanes_apply(len(lens), 32) == (len(lens) >= 1)
@@ -1410,7 +1419,7 @@ def test_emulated_one_warp_path_64_lanes(emulator64):
     the reference, with the device launch's block size."""
     rng = random.Random(64)
     lanes_max = emulator64.lanes_max
-    assert lanes_max == 64 * LANES_MAX // 32
+    assert lanes_max == LANES_MAX
     assert emulator64.launch_threads(lanes_max) == 64
     assert emulator64.launch_threads(lanes_max + 1) == 128
     for B in (1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129, 200):
