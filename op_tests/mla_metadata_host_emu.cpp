@@ -102,6 +102,7 @@ bool force_tiled = false;  // run the tiled body md_body whatever md_run would p
 #define MD_WARP_ANY(pred) emu::warp_any(pred)
 #define MD_SYNC_WARP() emu::sync_warp()
 #define MD_FFS(m) __builtin_ffsll((long long)(m))
+#define MD_LDCG(ptr) (*(ptr))
 #define MD_NOTE_PATH(fast) (emu::tid == 0 ? (void)(emu::last_path = (fast) ? 1 : 2) : (void)0)
 
 #include MD_RENDERED
