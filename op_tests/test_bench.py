@@ -260,6 +260,11 @@ def test_default_sweep_is_the_seed_table():
     assert all("seed_mi355_us" in s.base_row() for s in specs)
     # ctx < qlen rows are left out
     assert [s.ctx for s in sweep.plan_rows([(16, 4)], [1], [2, 4, 64], [64], "fp8", "fp8", False)] == [4, 64]
+    # a value given twice counts once, at its first place (`-b 1 1` times no row twice)
+    rows = sweep.plan_rows([(16, 1), (128, 1), (16, 1)], [8, 1, 8], [21, 21], [64, 64], "fp8",
+                           "fp8", False)
+    assert [(s.heads, s.batch, s.ctx, s.page_size) for s in rows] == [
+        (16, 8, 21, 64), (16, 1, 21, 64), (128, 8, 21, 64), (128, 1, 21, 64)]
 
 
 def test_max_split_per_batch_follows_aiter_test():

@@ -672,8 +672,9 @@ def call_op(bufs, qo, kv, lpl, **kw):
     (ptrs, indptr, info_set, rindptr, final, partial) = bufs
     dev = indptr.device
     t = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
-    md.get_mla_metadata_v1(t(qo), t(kv), t(lpl), kw.pop("heads", 16), 1, False, ptrs,
-                           info_set, indptr, rindptr, final, partial, **kw)
+    md.get_mla_metadata_v1(t(qo), t(kv), t(lpl), kw.pop("heads", 16), 1,
+                           kw.pop("is_causal", False), ptrs, info_set, indptr, rindptr, final,
+                           partial, **kw)
 
 
 def compare_buffers(bufs, sched, B):
@@ -737,6 +738,9 @@ def test_op_argument_checks(monkeypatch):
             fast_mode=np.True_)   # NumPy ints and bools pass, as check_int's ints do
     with pytest.raises(TypeError, match="fast_mode must be a bool, got NoneType None"):   # read as False
         md.get_mla_metadata_info_v1(2, 1, 16, None, None, fast_mode=None)
+    with pytest.raises(TypeError, match="^is_causal must be a bool, got str 'yes'$"):   # unused, still checked
+        call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, is_causal="yes")
+    call_op(alloc(info), qo, kv, lpl, page_size=16, max_seqlen_qo=1, is_causal=np.bool_(True))
     with pytest.raises(TypeError, match="is_sparse must be a bool, got str 'no'"):
         md.get_mla_metadata_info_v1(2, 1, 16, None, None, is_sparse="no")
     with pytest.raises(ValueError, match="num_kv_splits must be >= 1, got 0"):

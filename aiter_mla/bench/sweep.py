@@ -94,9 +94,12 @@ def plan_rows(pairs, batches, ctxs, page_sizes, q_dtype: str, kv_dtype: str, var
               seed: int = 0) -> list[RowSpec]:
     """Every (pair, page, batch, ctx) row in table order, with its drawn KV lengths.
 
+    A value given twice in one list counts once (its first place), so no row is timed twice.
     Rows where ctx < qlen (a causal window longer than the context) are left out. Raises
     ValueError for non-positive sizes.
     """
+    pairs, page_sizes, batches, ctxs = (list(dict.fromkeys(v)) for v in (pairs, page_sizes,
+                                                                          batches, ctxs))
     specs = []
     for heads, qlen in pairs:
         if heads < 1 or qlen < 1:

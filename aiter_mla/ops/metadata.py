@@ -433,7 +433,7 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     :func:`default_kv_granularity`). ``max_split_per_batch``: as AITER, a cap on the *total*
     split count, ``min(work lists, max_split_per_batch x B)`` (not per batch: at 1, one long
     batch among short ones is still cut into several pieces); negative (the default) for no cap. ``max_seqlen_qo`` (or ``uni_seqlen_qo`` when it is -1)
-    must be given: reading it from ``qo_indptr`` would need a host sync. ``is_causal`` is
+    must be given: reading it from ``qo_indptr`` would need a host sync. ``is_causal`` (a bool) is
     accepted and unused (as in AITER's v1_2): the decode's mask follows the q length (causal
     above 1, :func:`aiter_mla.ops.decode.mla_decode_fwd`), whatever it says. ``dtype_q``/``dtype_kv`` set the work-list count at <= 32 rows (bf16: one list per
     multiprocessor, fp8 or None: two; ``get_mla_metadata_info_v1``'s note), nothing else.
@@ -472,6 +472,8 @@ def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens,
     CacheError (CacheNotWritableError and LockTimeoutError among them), JitDisabledError,
     ModuleLoadError).
     """
+    if type(is_causal) is not bool:   # unused, but a string such as 'no' is a caller's bug
+        require_bool("is_causal", is_causal)
     # Warm: the same buffers (by object and data pointer) and arguments as a checked call
     # before: one lookup, the launch (whose entry point asks the error record first:
     # launch.fail raises what it held), the plan record again (launch.IdentityCache).
