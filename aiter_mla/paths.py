@@ -48,8 +48,21 @@ def unmakeable_folder_reason(path: str | os.PathLike) -> str | None:
         probe = probe.parent
     if not probe.is_dir():
         return f"{probe} exists and is not a folder"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return f"{probe} is not writable"
+    return folder_write_problem(probe)
+
+
+def folder_write_problem(folder: str | os.PathLike) -> str | None:
+    """Why nothing can be created in the existing folder ``folder``, or None when a probe
+    folder could be made (and removed) there. A real attempt, not ``os.access``: for root,
+    access() says yes to ``/proc`` or a read-only bind mount where every mkdir fails."""
+    import tempfile   # here: a warm JIT hit imports this module and must not pay for it
+
+    if not (os.access(folder, os.W_OK) and os.access(folder, os.X_OK)):
+        return f"{folder} is not writable"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".aiter_mla_probe.", dir=folder))
+    except OSError as exc:
+        return f"no folder can be made in {folder} ({exc.strerror or exc})"
     return None
 
 

@@ -1029,3 +1029,109 @@ def test_a_compiler_past_the_build_timeout_fails_its_build_and_frees_the_key(fak
     monkeypatch.delenv("AITER_MLA_BUILD_TIMEOUT")   # the default: a loaded machine must not flake
     assert core.build_variant("fake", arch="sm_90a", n=6, flavor="a").built
     assert _leftovers(fake_jit.root) == []
+
+
+# ----- fresh-user reports of 2026-12-07: damage that named nothing, or killed the process
+
+
+def test_an_index_file_that_is_not_utf8_is_a_miss(fake_jit, capsys):
+    """An index file holding invalid UTF-8 raised a bare UnicodeDecodeError (naming no file)
+    from every build, load, ``jit clear`` and ``jit gc``; now it reads as a missing index
+    entry, as text garbage already did."""
+    from aiter_mla.cli import main
+
+    core.get_module("fake", **P)
+    index = list((fake_jit.root / "index").iterdir())
+    assert index
+    for f in index:
+        f.write_bytes(b"\xff")
+    assert Cache(fake_jit.root, True).read_index(index[0].name) is None
+    core.reset_state()   # as a new process would
+    assert _answer(core.get_module("fake", **P)) == 42
+    for f in (fake_jit.root / "index").iterdir():
+        f.write_bytes(b"\xff")
+    assert main(["jit", "gc", "--max-bytes", "0"]) == 0
+    assert main(["jit", "clear", "--all"]) == 0
+    capsys.readouterr()
+
+
+def test_a_truncated_library_with_a_matching_manifest_is_refused_not_mapped(fake_jit):
+    """lib.so cut short with meta.json edited to match it: dlopen mapped it and the process
+    died of SIGBUS (exit 135). The ELF header's own extents now show the cut before the load."""
+    import hashlib
+
+    from aiter_mla.jit.loader import elf_truncation
+
+    m = core.get_module("fake", **P)
+    assert elf_truncation(m.lib_path) is None   # an intact library passes
+    data = m.lib_path.read_bytes()[:1000]
+    tmp = m.lib_path.parent / "cut"
+    tmp.write_bytes(data)
+    os.replace(tmp, m.lib_path)
+    meta_path = m.lib_path.parent / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["artifact"].update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    meta_path.write_text(json.dumps(meta))
+    assert "truncated" in elf_truncation(m.lib_path)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(CHILD_LOAD.format(n=1))], env=fake_jit.env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    assert "ModuleLoadError" in proc.stderr and "truncated" in proc.stderr, proc.stderr[-2000:]
+    assert "aiter-mla jit rebuild" in proc.stderr
+
+
+def test_a_template_that_is_not_utf8_is_a_render_error_naming_it(fake_jit):
+    """jinja2's UnicodeDecodeError named neither the template nor the variant."""
+    from aiter_mla.jit.render import RenderError
+
+    tpl = fake_jit.templates / "fake.cu.j2"
+    tpl.write_bytes(tpl.read_bytes() + b"\xff")
+    with pytest.raises(RenderError, match=f"template {tpl} is not UTF-8 text"):
+        core.get_module("fake", **P)
+
+
+@pytest.mark.parametrize("where", ["missing", "existing"])
+def test_info_tries_the_cache_root_rather_than_trusting_access(fake_jit, capsys, monkeypatch, tmp_path, where):
+    """For root, os.access() says yes to /proc or a read-only bind mount, where every mkdir
+    fails: info said "does not exist yet (the first build makes it)" and exited 0 while every
+    build raised CacheNotWritableError. It now makes (and removes) a probe folder there."""
+    import tempfile
+
+    from aiter_mla.cli import main
+
+    parent = tmp_path / "mount"
+    parent.mkdir()
+    target = parent / "cache" if where == "missing" else parent
+    monkeypatch.setenv("AITER_MLA_CACHE_DIR", str(target))
+    core.reset_state()
+    assert main(["info"]) == 0   # writable: no problem, and no probe left behind
+    assert list(parent.iterdir()) == []
+    real = tempfile.mkdtemp
+
+    def read_only_mount(*args, dir=None, **kw):
+        if dir is not None and Path(dir) == parent:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dir))
+        return real(*args, dir=dir, **kw)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only_mount)
+    capsys.readouterr()
+    assert main(["info"]) == 1
+    out = capsys.readouterr().out
+    assert f"problem: cache root {target} (AITER_MLA_CACHE_DIR)" in out, out
+    assert os.strerror(errno.EROFS) in out
+
+
+def test_info_names_an_unusable_fallback_behind_an_unreadable_default_root(fake_jit, tmp_path):
+    """~/.cache a file, so the default root cannot be read and builds go to the fallback, which
+    others may write to, so every build fails. info exited 0: the fallback was checked only
+    behind a default root that read cleanly."""
+    home, tmpdir, env = _default_root_sandbox(fake_jit, tmp_path)
+    (home / ".cache").write_text("not a folder")
+    shared = tmpdir / f"aiter_mla-{os.getuid()}"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    proc = subprocess.run([sys.executable, "-c", "import sys; from aiter_mla.cli import main; sys.exit(main(['info']))"],
+                          env={**fake_jit.env, **env}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert f"fallback cache root {shared}" in proc.stdout + proc.stderr
+    assert "group or others may write" in proc.stdout + proc.stderr

@@ -1386,7 +1386,7 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match=r"qo_indptr and kv_indptr must both have batch \+ 1 entries: qo_indptr has 3 \(batch 2\), "
                                          r"kv_indptr has 2$"):
         aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi[:2], idx, last, 1, page_size=16)
-    with pytest.raises(ValueError, match="kv_last_page_lens must have batch = 2 entries, got 1"):
+    with pytest.raises(ValueError, match="kv_last_page_lens must have at least batch = 2 entries, got 1"):
         aiter_mla.mla_decode_fwd(q, kv, o, qo, kvi, idx, last[:1], 1, page_size=16)
     with pytest.raises(ValueError, match=r"must end in 576 .* kv_buffer \(4, 16, 1, 0\)"):   # not a ZeroDivisionError
         aiter_mla.mla_decode_fwd(q, kv[..., :0], o, qo, kvi, idx, last, 1, page_size=16)

@@ -390,7 +390,7 @@ class Cache:
     def read_index(self, lookup: str) -> str | None:
         try:
             key = (self.root / "index" / lookup).read_text().strip()
-        except OSError:
+        except (OSError, ValueError):   # ValueError: not UTF-8 (damaged); rebuilt like a missing one
             return None
         return key if is_cache_key(key) else None
 

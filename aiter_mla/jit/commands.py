@@ -21,7 +21,7 @@ from pathlib import Path
 from .. import env
 from ..cli_errors import CommandLineError, missing_module_hint
 from ..version import __version__
-from ..paths import absolute_path, unmakeable_folder_reason
+from ..paths import absolute_path, folder_write_problem, unmakeable_folder_reason
 from ..arch import AMD_ARCHS, ARCHS, NVIDIA_ARCHS, is_experimental_enabled
 from ..bench.commands import positive_int
 from . import core, third_party
@@ -844,28 +844,34 @@ def cmd_info(args) -> int:
         pins[name] = entry
     cache = _root_summary(st.cache)
     cache_note = None
+    then = ("loads only (AITER_MLA_DISABLE_JIT: nothing is built)" if no_builds
+            else "builds fail (AITER_MLA_CACHE_DIR)" if st.cache.explicit else
+            "builds go to the per-user temp fallback")
+    unbuildable = False   # no build can write at the root (it cannot be made, or is read-only)
     if cache["error"] is None:
-        then = ("loads only (AITER_MLA_DISABLE_JIT: nothing is built)" if no_builds
-                else "builds fail (AITER_MLA_CACHE_DIR)" if st.cache.explicit else
-                "builds go to the per-user temp fallback")
-        unbuildable = False   # no build can write at the root (it cannot be made, or is read-only)
         if not st.cache.root.exists():
             reason = unmakeable_folder_reason(st.cache.root)
             unbuildable = reason is not None
             cache_note = ("does not exist yet (the first build makes it)" if reason is None else
                           f"does not exist and cannot be made ({reason}): {then}")
-        elif not os.access(st.cache.root, os.W_OK):
+        elif st.cache.root.is_dir() and (why := folder_write_problem(st.cache.root)) is not None:
             unbuildable = True
-            cache_note = f"not writable: {then}"
-        if unbuildable and not no_builds and not st.cache.explicit:
-            # the default root cannot take builds: they go to the fallback, which must be usable
-            fb = fallback_root()
+            detail = "" if why.endswith(" is not writable") else f" ({why})"   # access() said no / a probe failed
+            cache_note = f"not writable{detail}: {then}"
+    elif not st.cache.explicit and not no_builds:
+        # a default root that cannot be read (a file where ~/.cache should be, say) takes no
+        # builds either: they go to the fallback, checked below
+        unbuildable = True
+    if unbuildable and not no_builds and not st.cache.explicit:
+        # the default root cannot take builds: they go to the fallback, which must be usable
+        fb = fallback_root()
+        if cache_note is not None:
             cache_note += f" {fb}"
-            fb_problem = fallback_root_problem()
-            if fb_problem is not None:
-                problems.append(f"fallback cache root {fb} (the default root cannot be written): "
-                                f"{fb_problem}: builds fail; set AITER_MLA_CACHE_DIR to a writable "
-                                f"folder of your own")
+        fb_problem = fallback_root_problem()
+        if fb_problem is not None:
+            problems.append(f"fallback cache root {fb} (the default root cannot be written): "
+                            f"{fb_problem}: builds fail; set AITER_MLA_CACHE_DIR to a writable "
+                            f"folder of your own")
     if st.cache.explicit and (cache["error"] is not None or (
             (cache_note or "").endswith(then) and not no_builds)):
         # AITER_MLA_CACHE_DIR names a root no build can use (a read-only prebuilt root serving

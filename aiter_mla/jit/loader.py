@@ -12,6 +12,33 @@ class ModuleLoadError(RuntimeError):
     reason: str | None = None
 
 
+def elf_truncation(path: Path) -> str | None:
+    """Why the 64-bit little-endian ELF file ``path`` is cut short, or None when its program
+    headers' loadable segments and its section header table all lie inside the file (or it is
+    no such ELF file: dlopen then refuses it with its own message). A truncated library whose
+    header is intact maps, and the first touch past the end kills the process with SIGBUS."""
+    import struct
+
+    with open(path, "rb") as f:
+        head = f.read(64)
+        size = f.seek(0, 2)
+        if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+            return None
+        phoff, shoff = struct.unpack_from("<QQ", head, 0x20)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 0x36)
+        if shnum and shoff + shnum * shentsize > size:
+            return f"truncated: section headers end at byte {shoff + shnum * shentsize}, the file has {size}"
+        if phentsize < 56 or phoff + phnum * phentsize > size:
+            return f"truncated: program headers end at byte {phoff + phnum * phentsize}, the file has {size}"
+        f.seek(phoff)
+        table = f.read(phnum * phentsize)
+    for i in range(phnum):
+        p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", table, i * phentsize)
+        if p_type == 1 and p_offset + p_filesz > size:   # PT_LOAD
+            return f"truncated: segment {i} ends at byte {p_offset + p_filesz}, the file has {size}"
+    return None
+
+
 class Module:
     """A loaded variant of a JIT module.
 
@@ -26,6 +53,9 @@ class Module:
         self.key = key
         self.lib_path = Path(lib_path)
         try:
+            problem = elf_truncation(self.lib_path)
+            if problem is not None:   # dlopen would map past the file's end: SIGBUS, not an error
+                raise OSError(f"{lib_path}: {problem}")
             self._lib = ctypes.CDLL(str(lib_path))
         except OSError as exc:
             err = ModuleLoadError(f"could not load {name} {self.params} from {lib_path}: {exc}")

@@ -110,6 +110,11 @@ def render(module: ModuleConfig, params: dict[str, Any], tdir: Path) -> Rendered
             f"(defined: {', '.join(sorted(context))} and the shared constants of "
             f"aiter_mla.work_info: WI_*, ERR_*, LAUNCH_*, ...)"
         ) from None
+    except UnicodeDecodeError as exc:   # jinja2 reads templates as UTF-8 and names no file
+        raise RenderError(
+            f"module {module.name!r} variant {describe(module.name, params)}: template "
+            f"{_undecodable(template_path, tdir)} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
     except jinja2.TemplateError as exc:
         where = f"{getattr(exc, 'filename', None) or template_path}:{getattr(exc, 'lineno', '?')}"
         raise RenderError(
@@ -118,6 +123,19 @@ def render(module: ModuleConfig, params: dict[str, Any], tdir: Path) -> Rendered
         ) from None
     return Rendered(text, template_path, hashlib.sha256(template_bytes).hexdigest(),
                     included_headers(text, tdir))
+
+
+def _undecodable(template_path: Path, tdir: Path) -> Path:
+    """The template that is not UTF-8: ``template_path`` itself, else the first Jinja file
+    under ``tdir`` (one it includes) that fails to decode; ``template_path`` when none does."""
+    for p in [template_path, *sorted(tdir.rglob("*.j2"))]:
+        try:
+            p.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            return p
+        except OSError:
+            continue
+    return template_path
 
 
 _INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.MULTILINE)

@@ -65,7 +65,7 @@ def read_git_head(repo: Path) -> str | None:
                 return None
             gitdir = (repo / text[len("gitdir:"):].strip()).resolve()
         head = (gitdir / "HEAD").read_text().strip()
-    except OSError:
+    except (OSError, ValueError):   # ValueError: not UTF-8
         return None
     if _HEX40.match(head):
         return head
@@ -75,21 +75,21 @@ def read_git_head(repo: Path) -> str | None:
     common = gitdir
     try:
         common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
-    except OSError:
+    except (OSError, ValueError):
         pass
     for base in (gitdir, common):
         try:
             value = (base / ref).read_text().strip()
             if _HEX40.match(value):
                 return value
-        except OSError:
+        except (OSError, ValueError):
             pass
         try:
             for line in (base / "packed-refs").read_text().splitlines():
                 parts = line.split()
                 if len(parts) == 2 and parts[1] == ref and _HEX40.match(parts[0]):
                     return parts[0]
-        except OSError:
+        except (OSError, ValueError):
             pass
     return None
 

@@ -328,7 +328,7 @@ def _check_batch_layout(qo_indptr, kv_indptr, kv_last_page_lens) -> int:
         raise ValueError(f"qo_indptr and kv_indptr must both have batch + 1 entries: qo_indptr has "
                          f"{qo_indptr.numel()} (batch {batch}), kv_indptr has {kv_indptr.numel()}")
     if kv_last_page_lens.numel() < batch:
-        raise ValueError(f"kv_last_page_lens must have batch = {batch} entries, got {kv_last_page_lens.numel()}")
+        raise ValueError(f"kv_last_page_lens must have at least batch = {batch} entries, got {kv_last_page_lens.numel()}")
     return batch
 
 
@@ -651,7 +651,8 @@ def hk_mla_decode_fwd(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, k
         qo_indptr, kv_indptr: [B+1] int32 (kv_indptr in pages); used by the checks only, the
             kernel addresses everything through the work records.
         kv_page_indices: [>= kv_indptr[-1]] int32 physical page ids.
-        kv_last_page_lens: [B] int32, tokens in each batch's last page (1..page_size).
+        kv_last_page_lens: [>= B] int32 (entries past B unread, as in AITER), tokens in each
+            batch's last page (1..page_size).
         work_indptr: [>= num_clusters + 1] int32; cluster i runs works work_indptr[i]..[i+1].
         work_info_set: [num_works, 8] int32 work records (:mod:`aiter_mla.work_info`).
         max_seqlen_q: int, the planned q length per batch (batches may be shorter: ragged).
@@ -753,7 +754,8 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
         qo_indptr: [B+1] int32, q tokens, starting at 0 and ending at total_q (B >= 1).
         kv_indptr: [B+1] int32, pages into ``kv_indices``, starting at 0, non-decreasing.
         kv_indices: [>= kv_indptr[-1]] int32 physical page ids, each in [0, num_pages).
-        kv_last_page_lens: [B] int32, tokens in each non-empty batch's last page, 1..page_size.
+        kv_last_page_lens: [>= B] int32 (entries past B unread), tokens in each non-empty
+            batch's last page, 1..page_size.
             Index values are the kernel's to check (a bad one raises DeviceIndexError at a
             later call; module docstring).
         max_seqlen_q: int, q length per batch (AITER: uniform MTP length; shorter batches work).
