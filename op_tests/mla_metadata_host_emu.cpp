@@ -104,6 +104,7 @@ bool force_tiled = false;  // run the tiled body md_body whatever md_run would p
 #define MD_FFS(m) __builtin_ffsll((long long)(m))
 #define MD_LDCG(ptr) (*(ptr))
 #define MD_ROLLED  // (g++ has no unroll pragma of that spelling)
+#define MD_STORE16(ptr, a, b, c, d) ((ptr)[0] = (a), (ptr)[1] = (b), (ptr)[2] = (c), (ptr)[3] = (d))
 #define MD_NOTE_PATH(fast) (emu::tid == 0 ? (void)(emu::last_path = (fast) ? 1 : 2) : (void)0)
 
 #include MD_RENDERED
