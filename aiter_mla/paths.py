@@ -37,10 +37,13 @@ def absolute_path(text: str | os.PathLike, name: str) -> Path:
                          f"got {str(text)!r}") from None
 
 
-def unmakeable_folder_reason(path: str | os.PathLike) -> str | None:
+def unmakeable_folder_reason(path: str | os.PathLike, probe_write: bool = False) -> str | None:
     """Why ``path`` can be neither used nor created as a folder, or None when it can: the
-    nearest part of it that exists must be a folder this user may write into. Checks only;
-    creates nothing. Raises ValueError for a ``~user`` that cannot be expanded."""
+    nearest part of it that exists must be a folder this user may write into. By default
+    checks only (``os.access``) and creates nothing; ``probe_write``: tries it with
+    :func:`folder_write_problem`, which makes and removes a probe folder there (for ``info``
+    and ``bench -o``, not for commands that only read). Raises ValueError for a ``~user``
+    that cannot be expanded."""
     probe = absolute_path(path, "the folder")
     while not probe.exists() and probe != probe.parent:
         if probe.is_symlink():   # dangling or looping: no folder can be made where it points
@@ -48,13 +51,16 @@ def unmakeable_folder_reason(path: str | os.PathLike) -> str | None:
         probe = probe.parent
     if not probe.is_dir():
         return f"{probe} exists and is not a folder"
+    if not probe_write:
+        return None if os.access(probe, os.W_OK | os.X_OK) else f"{probe} is not writable"
     return folder_write_problem(probe)
 
 
 def folder_write_problem(folder: str | os.PathLike) -> str | None:
     """Why nothing can be created in the existing folder ``folder``, or None when a probe
-    folder could be made (and removed) there. A real attempt, not ``os.access``: for root,
-    access() says yes to ``/proc`` or a read-only bind mount where every mkdir fails."""
+    folder (``.aiter_mla_probe.*``) could be made and removed there. A real attempt, not only
+    ``os.access``: for root, access() says yes to ``/proc``, ``/sys`` or an immutable
+    (``chattr +i``) folder, where every mkdir fails."""
     import tempfile   # here: a warm JIT hit imports this module and must not pay for it
 
     if not (os.access(folder, os.W_OK) and os.access(folder, os.X_OK)):

@@ -1092,9 +1092,10 @@ def test_a_template_that_is_not_utf8_is_a_render_error_naming_it(fake_jit):
 
 @pytest.mark.parametrize("where", ["missing", "existing"])
 def test_info_tries_the_cache_root_rather_than_trusting_access(fake_jit, capsys, monkeypatch, tmp_path, where):
-    """For root, os.access() says yes to /proc or a read-only bind mount, where every mkdir
+    """For root, os.access() says yes to /proc, /sys or an immutable folder, where every mkdir
     fails: info said "does not exist yet (the first build makes it)" and exited 0 while every
-    build raised CacheNotWritableError. It now makes (and removes) a probe folder there."""
+    build raised CacheNotWritableError. It now makes (and removes) a probe folder there
+    (mkdtemp failing with EROFS stands in for such a folder)."""
     import tempfile
 
     from aiter_mla.cli import main
@@ -1133,5 +1134,57 @@ def test_info_names_an_unusable_fallback_behind_an_unreadable_default_root(fake_
     proc = subprocess.run([sys.executable, "-c", "import sys; from aiter_mla.cli import main; sys.exit(main(['info']))"],
                           env={**fake_jit.env, **env}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
-    assert f"fallback cache root {shared}" in proc.stdout + proc.stderr
+    assert f"fallback cache root {shared} (the default root cannot be read)" in proc.stdout + proc.stderr
     assert "group or others may write" in proc.stdout + proc.stderr
+    assert f"unreadable: Not a directory: builds go to the per-user temp fallback {shared}" in proc.stdout
+
+
+def test_commands_that_only_read_make_no_probe_folder(fake_jit, monkeypatch, tmp_path, capsys):
+    """--cache-dir is checked for every jit command: the write probe (a folder made and removed)
+    is for info and bench -o only, not for list, where it touched a folder the user never named
+    (the nearest existing parent of a missing root; a review)."""
+    import tempfile
+
+    from aiter_mla.cli import main
+
+    def no_probe(*args, **kw):
+        raise AssertionError(f"probe folder made: {args} {kw}")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", no_probe)
+    assert main(["jit", "list", "--cache-dir", str(tmp_path / "missing" / "deeper")]) == 0
+    assert main(["jit", "list", "--cache-dir", str(fake_jit.root)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.name for p in tmp_path.iterdir() if not p.name.startswith(".aiter_mla_probe"))
+    capsys.readouterr()
+
+
+def test_elf_truncation_leaves_files_without_program_headers_to_dlopen(tmp_path):
+    """An object file (no program headers) was reported as "truncated: program headers end at
+    byte 0"; dlopen names what is wrong with it."""
+    import struct
+
+    from aiter_mla.jit.loader import elf_truncation
+
+    head = bytearray(64)
+    head[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<HHHH", head, 0x36, 0, 0, 64, 0)   # e_phentsize 0, e_phnum 0, no sections
+    obj = tmp_path / "x.o"
+    obj.write_bytes(bytes(head) + b"\0" * 100)
+    assert elf_truncation(obj) is None
+    struct.pack_into("<Q", head, 0x20, 64)                # one program header past the end
+    struct.pack_into("<HH", head, 0x36, 56, 1)
+    obj.write_bytes(bytes(head) + b"\0" * 10)
+    assert "program headers end at byte 120" in elf_truncation(obj)
+
+
+def test_the_undecodable_template_named_is_the_one_that_failed(tmp_path):
+    """With an unrelated broken .j2 in the folder, the search named the first failing file in
+    sorted order, not the one jinja2 read (a review): the decoder's own bytes pick it."""
+    from aiter_mla.jit.render import _undecodable
+
+    (tmp_path / "a_backup.j2").write_bytes(b"old \xfe")
+    (tmp_path / "b_included.inc.j2").write_bytes(b"inc \xff")
+    main = tmp_path / "main.cu.j2"
+    main.write_text("fine")
+    assert _undecodable(main, tmp_path, b"inc \xff") == tmp_path / "b_included.inc.j2"
+    assert _undecodable(main, tmp_path, b"gone") == tmp_path / "a_backup.j2"

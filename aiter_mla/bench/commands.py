@@ -217,7 +217,7 @@ def output_folder_message(output) -> str | None:
     phase_budget.py's ``-o``)."""
     from ..paths import unmakeable_folder_reason
 
-    reason = unmakeable_folder_reason(output)
+    reason = unmakeable_folder_reason(output, probe_write=True)
     return f"-o {output}: {reason}, so the results could not be saved" if reason else None
 
 

@@ -159,10 +159,10 @@ def private_fallback_root() -> Path:
     return root
 
 
-def fallback_root_problem() -> str | None:
+def fallback_root_problem(probe_write: bool = False) -> str | None:
     """Why :func:`private_fallback_root` would refuse the fallback root, or None when it would
-    take it: the problems of an existing one, or why a missing one cannot be created. Checks
-    only; creates nothing."""
+    take it: the problems of an existing one, or why a missing one cannot be created. Creates
+    nothing, except the probe folder of ``probe_write`` (:func:`unmakeable_folder_reason`)."""
     root = fallback_root()
     try:
         if os.path.lexists(root):
@@ -170,7 +170,7 @@ def fallback_root_problem() -> str | None:
             return "; ".join(problems) if problems else None
     except OSError as exc:
         return f"it cannot be read ({exc.strerror or exc})"
-    return unmakeable_folder_reason(root)
+    return unmakeable_folder_reason(root, probe_write)
 
 
 def existing_private_fallback_root() -> Path | None:

@@ -813,7 +813,7 @@ def cmd_info(args) -> int:
     toolchains = {}
     for arch in ARCHS:
         try:
-            c = find_compiler(arch, None)   # probed afresh: info writes nothing into the cache
+            c = find_compiler(arch, None)   # probed afresh: info saves no record in the cache
             toolchains[arch] = {"kind": c.kind, "path": c.path, "loadable": c.loadable,
                                 "version": _version_line(c.version)}
         except ToolchainError as exc:
@@ -850,7 +850,7 @@ def cmd_info(args) -> int:
     unbuildable = False   # no build can write at the root (it cannot be made, or is read-only)
     if cache["error"] is None:
         if not st.cache.root.exists():
-            reason = unmakeable_folder_reason(st.cache.root)
+            reason = unmakeable_folder_reason(st.cache.root, probe_write=True)
             unbuildable = reason is not None
             cache_note = ("does not exist yet (the first build makes it)" if reason is None else
                           f"does not exist and cannot be made ({reason}): {then}")
@@ -862,14 +862,16 @@ def cmd_info(args) -> int:
         # a default root that cannot be read (a file where ~/.cache should be, say) takes no
         # builds either: they go to the fallback, checked below
         unbuildable = True
+        cache_note = then
     if unbuildable and not no_builds and not st.cache.explicit:
         # the default root cannot take builds: they go to the fallback, which must be usable
         fb = fallback_root()
         if cache_note is not None:
             cache_note += f" {fb}"
-        fb_problem = fallback_root_problem()
+        fb_problem = fallback_root_problem(probe_write=True)
         if fb_problem is not None:
-            problems.append(f"fallback cache root {fb} (the default root cannot be written): "
+            why_fb = "cannot be read" if cache["error"] is not None else "cannot be written"
+            problems.append(f"fallback cache root {fb} (the default root {why_fb}): "
                             f"{fb_problem}: builds fail; set AITER_MLA_CACHE_DIR to a writable "
                             f"folder of your own")
     if st.cache.explicit and (cache["error"] is not None or (
@@ -928,8 +930,8 @@ def cmd_info(args) -> int:
     else:
         print(f"gpu: none ({g['reason']})")
     c = info["cache"]
-    state = c["error"] or f"{c['entries']} entries, {c['total_bytes']} bytes" + (
-        f"; {c['note']}" if c["note"] else "")
+    state = (f"{c['error']}" + (f": {c['note']}" if c["note"] else "") if c["error"] else
+             f"{c['entries']} entries, {c['total_bytes']} bytes" + (f"; {c['note']}" if c["note"] else ""))
     print(f"cache: {c['root']} ({c['origin']}), {state}")
     for other in c["also_read"]:
         state = other["error"] or f"{other['entries']} entries, {other['total_bytes']} bytes"

@@ -28,10 +28,14 @@ def elf_truncation(path: Path) -> str | None:
         phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 0x36)
         if shnum and shoff + shnum * shentsize > size:
             return f"truncated: section headers end at byte {shoff + shnum * shentsize}, the file has {size}"
-        if phentsize < 56 or phoff + phnum * phentsize > size:
+        if phnum == 0 or phentsize < 56:   # no program headers (an object file): dlopen says why
+            return None
+        if phoff + phnum * phentsize > size:
             return f"truncated: program headers end at byte {phoff + phnum * phentsize}, the file has {size}"
         f.seek(phoff)
         table = f.read(phnum * phentsize)
+        if len(table) < phnum * phentsize:   # shrank since the size was read
+            return f"truncated: program headers end at byte {phoff + phnum * phentsize}"
     for i in range(phnum):
         p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", table, i * phentsize)
         if p_type == 1 and p_offset + p_filesz > size:   # PT_LOAD

@@ -113,7 +113,8 @@ def render(module: ModuleConfig, params: dict[str, Any], tdir: Path) -> Rendered
     except UnicodeDecodeError as exc:   # jinja2 reads templates as UTF-8 and names no file
         raise RenderError(
             f"module {module.name!r} variant {describe(module.name, params)}: template "
-            f"{_undecodable(template_path, tdir)} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+            f"{_undecodable(template_path, tdir, exc.object)} is not UTF-8 text ({exc.reason} at byte "
+            f"{exc.start})"
         ) from None
     except jinja2.TemplateError as exc:
         where = f"{getattr(exc, 'filename', None) or template_path}:{getattr(exc, 'lineno', '?')}"
@@ -125,17 +126,24 @@ def render(module: ModuleConfig, params: dict[str, Any], tdir: Path) -> Rendered
                     included_headers(text, tdir))
 
 
-def _undecodable(template_path: Path, tdir: Path) -> Path:
-    """The template that is not UTF-8: ``template_path`` itself, else the first Jinja file
-    under ``tdir`` (one it includes) that fails to decode; ``template_path`` when none does."""
-    for p in [template_path, *sorted(tdir.rglob("*.j2"))]:
+def _undecodable(template_path: Path, tdir: Path, data: bytes) -> Path:
+    """The template that is not UTF-8: the Jinja file under ``tdir`` whose bytes are ``data``
+    (what the decoder failed on: jinja2 decodes a file whole), else the first one that fails
+    to decode, ``template_path`` first; ``template_path`` when none does."""
+    candidates = [template_path, *sorted(tdir.rglob("*.j2"))]
+    failing = []
+    for p in candidates:
         try:
-            p.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            return p
+            raw = p.read_bytes()
         except OSError:
             continue
-    return template_path
+        if raw == data:
+            return p
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            failing.append(p)
+    return failing[0] if failing else template_path
 
 
 _INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.MULTILINE)
