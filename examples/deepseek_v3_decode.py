@@ -15,8 +15,10 @@ decode step it also runs the engine path an MLA server uses:
 
 The wrapped layer returns our output, so the generation runs on it, and the greedy tokens are
 compared with a run of transformers alone: where they differ, the first differing step of each
-row and transformers' top-2 margin there (in bf16 spacings) are reported, and a difference counts
-as agreement only at a one-spacing tie. ``--backend reference`` swaps the op for the float64
+row and transformers' top-2 margin there (in bf16 spacings) are reported. In bf16 a difference
+counts as agreement only at a one-spacing tie; in fp8 (q and cache in e4m3, whose rounding moves
+the logits by more than a tie) the tokens are reported but not required to agree, and the check
+is the per-layer error bound alone. ``--backend reference`` swaps the op for the float64
 reference, to check the adapter itself.
 
     python examples/deepseek_v3_decode.py [--dtype bf16|fp8] [--page-size 64] [--steps 8]

@@ -1335,6 +1335,10 @@ def test_cpu_tensors_get_a_clear_error(monkeypatch):
         aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, wis, 1, 0.1, split_o, split_l, o.float())
     with pytest.raises(ValueError, match=r"work_info_set must have 2 dimensions, got shape \(3,\)"):
         aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, qo, 1, 0.1, split_o, split_l, o)
+    # a split_output cut short names both buffers (it blamed split_lse alone: a fresh-user trial)
+    with pytest.raises(ValueError, match=r"split_output and split_lse must have the same rows N .*"
+                                         r"split_output \(1, 1, 16, 512\) \(1 token rows\) and split_lse \(2, 1, 16, 1\)"):
+        aiter_mla.hk_mla_decode_fwd(q, kv, qo, kvi, idx, last, qo, wis, 1, 0.1, split_o[:1], split_l, o)
     # a mistake besides the device is named first (the fresh-user trial, on a CPU machine, saw
     # only the device message for a bad dtype, shape or page size)
     with pytest.raises(NotImplementedError, match="q dtype torch.float32 with kv_buffer dtype torch.bfloat16"):

@@ -412,8 +412,10 @@ def _validate(query, kv_buffer, qo_indptr, kv_indptr, kv_page_indices, kv_last_p
     launch.check_aligned(split_output, "split_output")
     n_rows = split_output.numel() // V_HEAD_DIM
     if split_lse.numel() != n_rows:
-        raise ValueError(f"split_lse must hold one value per split_output row ({n_rows}; shape "
-                         f"[N, 1, {num_heads}, 1]), got shape {tuple(split_lse.shape)}")
+        raise ValueError(f"split_output and split_lse must have the same rows N (split_output "
+                         f"[N, 1, {num_heads}, {V_HEAD_DIM}], split_lse [N, 1, {num_heads}, 1]), got "
+                         f"split_output {tuple(split_output.shape)} ({n_rows // num_heads} token rows) "
+                         f"and split_lse {tuple(split_lse.shape)} ({split_lse.numel()} values)")
     if final_lse is not None:
         _check_tensor(final_lse, "final_lse", torch.float32, device)
         if final_lse.numel() != total_q * num_heads:
@@ -738,8 +740,9 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     Writes ``o`` in place. When ``work_meta_data`` is None the schedule is planned here, the
     one ``get_mla_metadata_info_v1`` + ``get_mla_metadata_v1`` would plan with
     ``kv_granularity = default_kv_granularity(page_size)`` (through their private helpers,
-    ``metadata._buffer_specs`` and ``metadata._fill_schedule``, into buffers cached per shape); otherwise the given schedule
-    (``work_indptr``, ``work_info_set``, ``reduce_*``) is used. Then the decode kernel runs and
+    ``metadata._buffer_specs`` and ``metadata._fill_schedule``, into six buffers allocated for
+    the call); otherwise the given schedule (``work_indptr``, ``work_info_set``, ``reduce_*``) is
+    used. Then the decode kernel runs and
     the split rows are merged (docs/DESIGN.md §5.10): with a caller-made plan whose tiles have at
     most ``work_info.FUSED_MERGE_MAX_PIECES`` pieces, by the decode kernel itself (one launch);
     otherwise, and in any CUDA-graph capture, by the reduce kernel of ``mla_reduce_v1``,
@@ -751,7 +754,9 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
             1, 576], same dtype, contiguous (page_size a power of two 1..256). o: [total_q, H,
             512] bf16 output, contiguous. q, kv_buffer, o and logits start 16-byte aligned (the
             kernels move their rows in 16-byte units; torch's allocations are).
-        qo_indptr: [B+1] int32, q tokens, starting at 0 and ending at total_q (B >= 1).
+        qo_indptr: [B+1] int32, q tokens, starting at 0 and ending at total_q (B >= 1); each
+            request 1 to max_seqlen_q of them (the scheduler refuses 0 in a CPU plan; the
+            kernels check only the upper bound).
         kv_indptr: [B+1] int32, pages into ``kv_indices``, starting at 0, non-decreasing.
         kv_indices: [>= kv_indptr[-1]] int32 physical page ids, each in [0, num_pages).
         kv_last_page_lens: [>= B] int32 (entries past B unread), tokens in each non-empty

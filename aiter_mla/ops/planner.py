@@ -163,7 +163,7 @@ class MlaDecodePlanner:
         ``get_mla_metadata_v1`` into its schedule buffers. No host synchronisation.
 
         Args: int32 device tensors of this step's B requests (1 <= B <= max_batch_size):
-            qo_indptr [B + 1] (q tokens, each request <= max_seqlen_q), kv_indptr [B + 1] (in
+            qo_indptr [B + 1] (q tokens, each request 1..max_seqlen_q), kv_indptr [B + 1] (in
             pages), kv_indices [<= max_num_pages] physical page ids, kv_last_page_lens [B]
             (tokens in each request's last page, 1..page_size). Values are checked by the
             decode kernel (a bad one surfaces as DeviceIndexError, docs/DESIGN.md §5.13).
